@@ -1,0 +1,1 @@
+//! mtplx-bank: see ARCHITECTURE.md.

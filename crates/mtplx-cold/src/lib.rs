@@ -1,0 +1,1 @@
+//! mtplx-cold: see ARCHITECTURE.md.

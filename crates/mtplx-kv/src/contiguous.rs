@@ -1,0 +1,259 @@
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::attention::{self, RowSource};
+use crate::check::{append_rows, attend_geometry, check_layer, read_range};
+use crate::{BufferId, KvCache, KvError, KvShape, KvView, LayoutKind};
+
+/// Per-layer contiguous K and V buffers, grown in chunks of positions.
+///
+/// Shape: for each layer, `k` and `v` are `[len, kv_heads * head_dim]` row-major `f32`
+/// buffers with capacity rounded up to a multiple of `chunk_tokens` positions.
+///
+/// # When to use
+/// The prefill layout and the simplest decode layout: rows of a layer sit back to back, so
+/// appends are a memcpy and attention streams memory in order. A snapshot or fork copies
+/// the rows (cost grows with context); use [`crate::Segmented`] when snapshots must be
+/// cheap, or [`crate::Paged`] when many sequences share prefixes.
+#[derive(Debug, Clone)]
+pub struct Contiguous {
+    shape: KvShape,
+    chunk_tokens: usize,
+    layers: Vec<LayerRows>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct LayerRows {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    len: usize,
+}
+
+struct LayerSource<'a> {
+    rows: &'a LayerRows,
+    row_len: usize,
+}
+
+impl RowSource for LayerSource<'_> {
+    #[inline]
+    fn k_row(&self, pos: usize) -> &[f32] {
+        &self.rows.k[pos * self.row_len..(pos + 1) * self.row_len]
+    }
+    #[inline]
+    fn v_row(&self, pos: usize) -> &[f32] {
+        &self.rows.v[pos * self.row_len..(pos + 1) * self.row_len]
+    }
+    #[inline]
+    fn span(&self, start: usize, end: usize) -> Option<(&[f32], &[f32])> {
+        let r = start * self.row_len..end * self.row_len;
+        Some((&self.rows.k[r.clone()], &self.rows.v[r]))
+    }
+}
+
+impl Contiguous {
+    /// An empty cache whose buffers grow by `chunk_tokens` positions at a time.
+    pub fn new(shape: KvShape, chunk_tokens: usize) -> Self {
+        Contiguous {
+            shape,
+            chunk_tokens: chunk_tokens.max(1),
+            layers: vec![LayerRows::default(); shape.layers],
+        }
+    }
+
+    fn layer(&self, layer: usize) -> Result<&LayerRows, KvError> {
+        check_layer(self.shape, layer)?;
+        Ok(&self.layers[layer])
+    }
+
+    /// A copy holding exactly the live rows, with no spare capacity.
+    fn compact(&self) -> Contiguous {
+        let row = self.shape.row_len();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| LayerRows {
+                k: l.k[..l.len * row].to_vec(),
+                v: l.v[..l.len * row].to_vec(),
+                len: l.len,
+            })
+            .collect();
+        Contiguous {
+            shape: self.shape,
+            chunk_tokens: self.chunk_tokens,
+            layers,
+        }
+    }
+}
+
+impl KvView for Contiguous {
+    fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn layout(&self) -> LayoutKind {
+        LayoutKind::Contiguous
+    }
+
+    fn layer_len(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |l| l.len)
+    }
+
+    fn read_rows(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), KvError> {
+        let rows = self.layer(layer)?;
+        read_range(self.shape, rows.len, &range, k, v)?;
+        let row = self.shape.row_len();
+        k.copy_from_slice(&rows.k[range.start * row..range.end * row]);
+        v.copy_from_slice(&rows.v[range.start * row..range.end * row]);
+        Ok(())
+    }
+
+    fn logical_bytes(&self) -> usize {
+        let per_row = self.shape.row_len() * std::mem::size_of::<f32>() * 2;
+        self.layers.iter().map(|l| l.len * per_row).sum()
+    }
+
+    fn physical_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| (l.k.capacity() + l.v.capacity()) * std::mem::size_of::<f32>())
+            .sum()
+    }
+
+    fn visit_buffers(&self, visit: &mut dyn FnMut(BufferId, usize)) {
+        for l in &self.layers {
+            for buf in [&l.k, &l.v] {
+                if buf.capacity() > 0 {
+                    visit(
+                        BufferId::of(buf.as_ptr()),
+                        buf.capacity() * std::mem::size_of::<f32>(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl KvCache for Contiguous {
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        let n = append_rows(self.shape, layer, k, v)?;
+        let row = self.shape.row_len();
+        let chunk = self.chunk_tokens * row;
+        let rows = &mut self.layers[layer];
+        let live = rows.len * row;
+        let need = live + k.len();
+        if need > rows.k.capacity() {
+            let target = need.div_ceil(chunk) * chunk;
+            rows.k.reserve_exact(target - rows.k.len());
+            rows.v.reserve_exact(target - rows.v.len());
+        }
+        rows.k.truncate(live);
+        rows.v.truncate(live);
+        rows.k.extend_from_slice(k);
+        rows.v.extend_from_slice(v);
+        rows.len += n;
+        Ok(())
+    }
+
+    fn attend(
+        &self,
+        layer: usize,
+        q: &[f32],
+        q_heads: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), KvError> {
+        let rows = self.layer(layer)?;
+        let g = attend_geometry(self.shape, rows.len, q, q_heads, scale, out)?;
+        let src = LayerSource {
+            rows,
+            row_len: self.shape.row_len(),
+        };
+        attention::attend(&src, q, g, out);
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let row = self.shape.row_len();
+        for l in &mut self.layers {
+            if l.len > len {
+                l.len = len;
+                l.k.truncate(len * row);
+                l.v.truncate(len * row);
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Arc<dyn KvView> {
+        Arc::new(self.compact())
+    }
+
+    fn fork(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> KvShape {
+        KvShape {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 2,
+        }
+    }
+
+    #[test]
+    fn grows_in_chunks_and_accounts_bytes() {
+        let mut c = Contiguous::new(shape(), 4);
+        c.append(0, &[1.0; 6], &[2.0; 6]).unwrap();
+        c.append(1, &[1.0; 6], &[2.0; 6]).unwrap();
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.logical_bytes(), 3 * shape().bytes_per_token());
+        // One chunk of 4 positions per layer, K and V.
+        assert_eq!(c.physical_bytes(), 2 * 2 * 4 * 2 * 4);
+    }
+
+    #[test]
+    fn snapshot_survives_truncate_and_growth() {
+        let mut c = Contiguous::new(shape(), 4);
+        for l in 0..2 {
+            c.append(l, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]).unwrap();
+        }
+        let snap = c.snapshot();
+        c.truncate(1);
+        for l in 0..2 {
+            c.append(l, &[9.0, 9.0], &[9.0, 9.0]).unwrap();
+        }
+        let (mut k, mut v) = ([0.0; 4], [0.0; 4]);
+        snap.read_rows(1, 0..2, &mut k, &mut v).unwrap();
+        assert_eq!(k, [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(v, [5.0, 6.0, 7.0, 8.0]);
+        assert_eq!(snap.physical_bytes(), snap.logical_bytes());
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        let mut c = Contiguous::new(shape(), 4);
+        assert!(matches!(
+            c.append(0, &[1.0; 3], &[1.0; 3]),
+            Err(KvError::RaggedRows { .. })
+        ));
+        assert!(matches!(
+            c.append(5, &[1.0; 2], &[1.0; 2]),
+            Err(KvError::LayerOutOfRange { .. })
+        ));
+        let mut out = [0.0; 2];
+        assert!(matches!(
+            c.attend(0, &[1.0; 2], 1, 1.0, &mut out),
+            Err(KvError::TooManyQueries { .. })
+        ));
+    }
+}

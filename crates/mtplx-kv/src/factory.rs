@@ -1,0 +1,98 @@
+use crate::{BlockPool, Contiguous, KvCache, KvError, KvShape, KvView, LayoutKind, Paged, Segmented};
+
+/// The caller's choice of layout: new caches, restores and conversions are built through
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheFactory {
+    /// [`Contiguous`] buffers that grow by `chunk_tokens` positions at a time.
+    Contiguous { chunk_tokens: usize },
+    /// [`Paged`] blocks of `block_tokens` positions from `pool`, which every cache built by
+    /// this factory (and its clones) shares.
+    Paged {
+        block_tokens: usize,
+        pool: BlockPool,
+    },
+    /// [`Segmented`] caches whose segments hold `segment_tokens` positions.
+    Segmented { segment_tokens: usize },
+}
+
+impl CacheFactory {
+    /// The contiguous layout with its default growth step (256 positions).
+    pub fn contiguous() -> Self {
+        CacheFactory::Contiguous { chunk_tokens: 256 }
+    }
+
+    /// The paged layout with 16-position blocks and a new, empty pool.
+    pub fn paged() -> Self {
+        CacheFactory::Paged {
+            block_tokens: 16,
+            pool: BlockPool::new(),
+        }
+    }
+
+    /// The segmented layout with 256-position segments.
+    pub fn segmented() -> Self {
+        CacheFactory::Segmented {
+            segment_tokens: 256,
+        }
+    }
+
+    /// The layout this factory builds.
+    pub fn layout(&self) -> LayoutKind {
+        match self {
+            CacheFactory::Contiguous { .. } => LayoutKind::Contiguous,
+            CacheFactory::Paged { .. } => LayoutKind::Paged,
+            CacheFactory::Segmented { .. } => LayoutKind::Segmented,
+        }
+    }
+
+    /// An empty cache in this layout.
+    pub fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
+        match self {
+            CacheFactory::Contiguous { chunk_tokens } => {
+                Box::new(Contiguous::new(shape, *chunk_tokens))
+            }
+            CacheFactory::Paged { block_tokens, pool } => {
+                Box::new(Paged::new(shape, *block_tokens, pool.clone()))
+            }
+            CacheFactory::Segmented { segment_tokens } => {
+                Box::new(Segmented::new(shape, *segment_tokens))
+            }
+        }
+    }
+
+    /// A cache in this layout holding the first `len` positions of `source`, whatever
+    /// layout `source` has: this is also how a cache converts between layouts.
+    ///
+    /// When the source can share its storage with this layout ([`KvView::share_into`]: a
+    /// paged view into the same pool, a segmented view into any segmented factory) the
+    /// restore copies no rows; otherwise it copies them, one layer at a time.
+    pub fn restore<V: KvView + ?Sized>(
+        &self,
+        source: &V,
+        len: usize,
+    ) -> Result<Box<dyn KvCache>, KvError> {
+        let have = source.len();
+        if len > have {
+            return Err(KvError::RowsOutOfRange {
+                start: 0,
+                end: len,
+                len: have,
+            });
+        }
+        if let Some(mut cache) = source.share_into(self) {
+            cache.truncate(len);
+            return Ok(cache);
+        }
+        let shape = source.shape();
+        let mut cache = self.new_cache(shape);
+        let row = shape.row_len();
+        let mut k = vec![0f32; len * row];
+        let mut v = vec![0f32; len * row];
+        for layer in 0..shape.layers {
+            source.read_rows(layer, 0..len, &mut k, &mut v)?;
+            cache.append(layer, &k, &v)?;
+        }
+        Ok(cache)
+    }
+}

@@ -1,0 +1,208 @@
+//! The shared, thread-safe pool that paged caches take their blocks from.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A ref-counted pool of fixed-size KV blocks, shared by every [`crate::Paged`] cache built
+/// from one [`crate::CacheFactory`] (cloning the pool clones the handle).
+///
+/// A block goes back to the pool's free list when the last cache or snapshot referencing it
+/// drops it, and the next allocation of the same size reuses it. [`BlockPool::trim`] hands
+/// the free list back to the allocator. Blocks of different sizes (different shapes or
+/// block lengths) keep separate free lists.
+#[derive(Clone, Default)]
+pub struct BlockPool {
+    inner: Arc<PoolInner>,
+}
+
+#[derive(Default)]
+struct PoolInner {
+    /// Free buffers by length in `f32`s.
+    free: Mutex<HashMap<usize, Vec<Box<[f32]>>>>,
+    live_blocks: AtomicUsize,
+    live_bytes: AtomicUsize,
+}
+
+/// What a [`BlockPool`] holds at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    /// Blocks referenced by at least one cache or snapshot.
+    pub live_blocks: usize,
+    /// Bytes of those blocks.
+    pub live_bytes: usize,
+    /// Released blocks kept for reuse.
+    pub free_blocks: usize,
+    /// Bytes of those blocks.
+    pub free_bytes: usize,
+}
+
+/// One block: `block_tokens` K rows followed by `block_tokens` V rows.
+pub(crate) struct Block {
+    data: Box<[f32]>,
+    pool: Arc<PoolInner>,
+}
+
+impl Block {
+    #[inline]
+    pub(crate) fn k(&self) -> &[f32] {
+        &self.data[..self.data.len() / 2]
+    }
+    #[inline]
+    pub(crate) fn v(&self) -> &[f32] {
+        &self.data[self.data.len() / 2..]
+    }
+    /// The K and V halves, writable.
+    #[inline]
+    pub(crate) fn kv_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        let half = self.data.len() / 2;
+        self.data.split_at_mut(half)
+    }
+    pub(crate) fn bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.data)
+    }
+}
+
+impl fmt::Debug for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Block({} f32)", self.data.len())
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        let bytes = std::mem::size_of_val(&*data);
+        self.pool.live_blocks.fetch_sub(1, Ordering::Relaxed);
+        self.pool.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        let mut free = self.pool.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.entry(data.len()).or_default().push(data);
+    }
+}
+
+impl BlockPool {
+    /// An empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A block of `floats` values (K and V halves), reused from the free list when one of
+    /// that size is there. Its contents are unspecified: callers write before they read.
+    pub(crate) fn alloc(&self, floats: usize) -> Arc<Block> {
+        let reused = {
+            let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.get_mut(&floats).and_then(Vec::pop)
+        };
+        let data = reused.unwrap_or_else(|| vec![0f32; floats].into_boxed_slice());
+        self.inner.live_blocks.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .live_bytes
+            .fetch_add(std::mem::size_of_val(&*data), Ordering::Relaxed);
+        Arc::new(Block {
+            data,
+            pool: self.inner.clone(),
+        })
+    }
+
+    /// Live and free blocks right now.
+    pub fn stats(&self) -> PoolStats {
+        let free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (free_blocks, free_bytes) = free.values().flatten().fold((0, 0), |(n, b), d| {
+            (n + 1, b + std::mem::size_of_val(&**d))
+        });
+        PoolStats {
+            live_blocks: self.inner.live_blocks.load(Ordering::Relaxed),
+            live_bytes: self.inner.live_bytes.load(Ordering::Relaxed),
+            free_blocks,
+            free_bytes,
+        }
+    }
+
+    /// Frees every block on the free list; returns the bytes released.
+    pub fn trim(&self) -> usize {
+        let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = free
+            .values()
+            .flatten()
+            .map(|d| std::mem::size_of_val(&**d))
+            .sum();
+        free.clear();
+        bytes
+    }
+
+    /// Whether `self` and `other` are handles to the same pool.
+    pub fn same_pool(&self, other: &BlockPool) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// Two handles are equal when they share one pool.
+impl PartialEq for BlockPool {
+    fn eq(&self, other: &Self) -> bool {
+        self.same_pool(other)
+    }
+}
+
+impl Eq for BlockPool {}
+
+impl fmt::Debug for BlockPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockPool")
+            .field("pool", &Arc::as_ptr(&self.inner))
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_blocks_are_reused_and_trimmed() {
+        let pool = BlockPool::new();
+        let a = pool.alloc(8);
+        let addr = a.data.as_ptr();
+        assert_eq!(pool.stats().live_blocks, 1);
+        assert_eq!(pool.stats().live_bytes, 32);
+        drop(a);
+        assert_eq!(
+            pool.stats(),
+            PoolStats {
+                live_blocks: 0,
+                live_bytes: 0,
+                free_blocks: 1,
+                free_bytes: 32
+            }
+        );
+        let b = pool.alloc(8);
+        assert_eq!(b.data.as_ptr(), addr, "the freed buffer is reused");
+        let c = pool.alloc(4);
+        assert_eq!(pool.stats().live_bytes, 48);
+        drop((b, c));
+        assert_eq!(pool.trim(), 48);
+        assert_eq!(pool.stats(), PoolStats::default());
+    }
+
+    #[test]
+    fn pool_is_shared_across_threads() {
+        let pool = BlockPool::new();
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        drop(pool.alloc(16));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let s = pool.stats();
+        assert_eq!(s.live_blocks, 0);
+        assert!(s.free_blocks >= 1 && s.free_blocks <= 4);
+    }
+}

@@ -1,0 +1,395 @@
+//! Shared immutable segments plus one growing tail per layer.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::attention::{self, RowSource, ATTN_BLOCK};
+use crate::check::{append_rows, attend_geometry, check_layer, read_range};
+use crate::{BufferId, CacheFactory, KvCache, KvError, KvShape, KvView, LayoutKind};
+
+/// The smallest allocation for a new tail, in positions.
+const MIN_TAIL_ROWS: usize = ATTN_BLOCK;
+
+/// Per layer, a list of reference-counted segments of consecutive positions; all are
+/// immutable except the last while this cache alone holds it (the tail).
+///
+/// Shape: layer `l` is segments `s_0, s_1, ..` covering positions `0..len` in order; segment
+/// `s` holds `[s.len, kv_heads * head_dim]` K rows and as many V rows in one shared buffer.
+/// A tail grows (doubling, from [`ATTN_BLOCK`] rows) up to the next multiple of
+/// `segment_tokens` positions and is then sealed, so sealed boundaries fall on multiples of
+/// `segment_tokens`.
+///
+/// A [`KvCache::snapshot`] or [`KvCache::fork`] clones the segment lists: O(segments), no
+/// row is copied, not even the tail's. The tail becomes shared by that, so it is sealed in
+/// place: the next append (by either side) starts a new segment instead of writing to it.
+/// A sealed tail keeps its spare capacity (at most its own length, or [`ATTN_BLOCK`] rows),
+/// which [`KvView::physical_bytes`] counts. Truncating into a shared segment shortens this
+/// cache's view of it without copying; truncating into a segment this cache owns alone
+/// truncates it in place and makes it the tail again.
+///
+/// Attention runs the shared kernel over the segments in place: each block of
+/// [`ATTN_BLOCK`] keys is found with one binary search over the layer's segments and read
+/// as one slice unless it straddles a segment boundary.
+///
+/// # When to use
+/// Conversations and agents that snapshot after every turn: a snapshot or restore costs
+/// O(segments) and a follow-up turn pays only for its new tokens. Decode attention costs
+/// about what [`crate::Contiguous`] does. For many concurrent sequences on one shared
+/// memory budget, prefer [`crate::Paged`].
+#[derive(Debug, Clone)]
+pub struct Segmented {
+    shape: KvShape,
+    segment_tokens: usize,
+    layers: Vec<SegLayer>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct SegLayer {
+    /// Invariant: non-empty segments, `segs[0].start == 0`, each starting where the previous
+    /// one ends, the last ending at `len`.
+    segs: Vec<Segment>,
+    len: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Segment {
+    start: usize,
+    /// Positions of `rows` this cache uses (the buffer may hold more after a truncate).
+    len: usize,
+    rows: Arc<Rows>,
+}
+
+#[derive(Debug, Default)]
+struct Rows {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Rows {
+    fn bytes(&self) -> usize {
+        (self.k.capacity() + self.v.capacity()) * std::mem::size_of::<f32>()
+    }
+}
+
+impl Segment {
+    fn end(&self) -> usize {
+        self.start + self.len
+    }
+}
+
+struct SegSource<'a> {
+    segs: &'a [Segment],
+    row_len: usize,
+}
+
+impl SegSource<'_> {
+    #[inline]
+    fn find(&self, pos: usize) -> &Segment {
+        &self.segs[self.segs.partition_point(|s| s.end() <= pos)]
+    }
+}
+
+impl RowSource for SegSource<'_> {
+    #[inline]
+    fn k_row(&self, pos: usize) -> &[f32] {
+        let s = self.find(pos);
+        let o = (pos - s.start) * self.row_len;
+        &s.rows.k[o..o + self.row_len]
+    }
+    #[inline]
+    fn v_row(&self, pos: usize) -> &[f32] {
+        let s = self.find(pos);
+        let o = (pos - s.start) * self.row_len;
+        &s.rows.v[o..o + self.row_len]
+    }
+    #[inline]
+    fn span(&self, start: usize, end: usize) -> Option<(&[f32], &[f32])> {
+        let s = self.find(start);
+        if end > s.end() {
+            return None;
+        }
+        let r = (start - s.start) * self.row_len..(end - s.start) * self.row_len;
+        Some((&s.rows.k[r.clone()], &s.rows.v[r]))
+    }
+}
+
+impl Segmented {
+    /// An empty cache whose segments hold `segment_tokens` positions (rounded up to a
+    /// multiple of [`ATTN_BLOCK`], so sealed boundaries fall between attention blocks).
+    pub fn new(shape: KvShape, segment_tokens: usize) -> Self {
+        Segmented {
+            shape,
+            segment_tokens: segment_tokens.max(1).next_multiple_of(ATTN_BLOCK),
+            layers: vec![SegLayer::default(); shape.layers],
+        }
+    }
+
+    /// Positions per full segment.
+    pub fn segment_tokens(&self) -> usize {
+        self.segment_tokens
+    }
+
+    /// Segments in `layer` (sealed ones and the tail).
+    pub fn segment_count(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |l| l.segs.len())
+    }
+
+    fn layer(&self, layer: usize) -> Result<&SegLayer, KvError> {
+        check_layer(self.shape, layer)?;
+        Ok(&self.layers[layer])
+    }
+
+    fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.layers.iter().flat_map(|l| l.segs.iter())
+    }
+}
+
+impl KvView for Segmented {
+    fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn layout(&self) -> LayoutKind {
+        LayoutKind::Segmented
+    }
+
+    fn layer_len(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |l| l.len)
+    }
+
+    fn read_rows(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), KvError> {
+        let l = self.layer(layer)?;
+        read_range(self.shape, l.len, &range, k, v)?;
+        let row = self.shape.row_len();
+        let first = l.segs.partition_point(|s| s.end() <= range.start);
+        for s in &l.segs[first..] {
+            if s.start >= range.end {
+                break;
+            }
+            let (a, b) = (s.start.max(range.start), s.end().min(range.end));
+            let src = (a - s.start) * row..(b - s.start) * row;
+            let dst = (a - range.start) * row..(b - range.start) * row;
+            k[dst.clone()].copy_from_slice(&s.rows.k[src.clone()]);
+            v[dst].copy_from_slice(&s.rows.v[src]);
+        }
+        Ok(())
+    }
+
+    fn logical_bytes(&self) -> usize {
+        let per_row = self.shape.row_len() * std::mem::size_of::<f32>() * 2;
+        self.layers.iter().map(|l| l.len * per_row).sum()
+    }
+
+    /// Bytes of every segment buffer this cache references (capacity included), shared
+    /// segments included.
+    fn physical_bytes(&self) -> usize {
+        self.segments().map(|s| s.rows.bytes()).sum()
+    }
+
+    /// Bytes of the segments no other cache or snapshot references.
+    fn unique_bytes(&self) -> usize {
+        self.segments()
+            .filter(|s| Arc::strong_count(&s.rows) == 1)
+            .map(|s| s.rows.bytes())
+            .sum()
+    }
+
+    fn visit_buffers(&self, visit: &mut dyn FnMut(BufferId, usize)) {
+        for s in self.segments() {
+            visit(BufferId::of(&*s.rows), s.rows.bytes());
+        }
+    }
+
+    /// Shares every segment when `factory` is segmented (its `segment_tokens` applies to
+    /// the new cache's future segments).
+    fn share_into(&self, factory: &CacheFactory) -> Option<Box<dyn KvCache>> {
+        match factory {
+            CacheFactory::Segmented { segment_tokens } => {
+                let mut c = self.clone();
+                c.segment_tokens = Segmented::new(self.shape, *segment_tokens).segment_tokens;
+                Some(Box::new(c))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl KvCache for Segmented {
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        let n = append_rows(self.shape, layer, k, v)?;
+        let row = self.shape.row_len();
+        let mut done = 0;
+        while done < n {
+            let seg_tokens = self.segment_tokens;
+            let limit = |start: usize| seg_tokens - start % seg_tokens;
+            let l = &mut self.layers[layer];
+            let len = l.len;
+            // The room left in a tail this cache may write, if it has one.
+            let room = match l.segs.last_mut() {
+                Some(s) if s.len < limit(s.start) => match Arc::get_mut(&mut s.rows) {
+                    Some(rows) => {
+                        rows.k.truncate(s.len * row);
+                        rows.v.truncate(s.len * row);
+                        limit(s.start) - s.len
+                    }
+                    None => 0,
+                },
+                _ => 0,
+            };
+            let room = if room > 0 {
+                room
+            } else {
+                let room = limit(len);
+                let cap = (n - done).max(MIN_TAIL_ROWS).min(room) * row;
+                let rows = Rows {
+                    k: Vec::with_capacity(cap),
+                    v: Vec::with_capacity(cap),
+                };
+                l.segs.push(Segment {
+                    start: len,
+                    len: 0,
+                    rows: Arc::new(rows),
+                });
+                room
+            };
+            let s = l.segs.last_mut().expect("a tail exists");
+            let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
+            let take = room.min(n - done);
+            let need = (s.len + take) * row;
+            if need > rows.k.capacity() {
+                let grown = (rows.k.capacity() * 2).max(need).min((s.len + room) * row);
+                rows.k.reserve_exact(grown - rows.k.len());
+                rows.v.reserve_exact(grown - rows.v.len());
+            }
+            rows.k.extend_from_slice(&k[done * row..(done + take) * row]);
+            rows.v.extend_from_slice(&v[done * row..(done + take) * row]);
+            s.len += take;
+            l.len += take;
+            done += take;
+        }
+        Ok(())
+    }
+
+    fn attend(
+        &self,
+        layer: usize,
+        q: &[f32],
+        q_heads: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), KvError> {
+        let l = self.layer(layer)?;
+        let g = attend_geometry(self.shape, l.len, q, q_heads, scale, out)?;
+        let src = SegSource {
+            segs: &l.segs,
+            row_len: self.shape.row_len(),
+        };
+        attention::attend(&src, q, g, out);
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let row = self.shape.row_len();
+        for l in &mut self.layers {
+            if l.len <= len {
+                continue;
+            }
+            l.len = len;
+            while l.segs.last().is_some_and(|s| s.start >= len) {
+                l.segs.pop();
+            }
+            if let Some(s) = l.segs.last_mut() {
+                s.len = len - s.start;
+                if let Some(rows) = Arc::get_mut(&mut s.rows) {
+                    rows.k.truncate(s.len * row);
+                    rows.v.truncate(s.len * row);
+                }
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Arc<dyn KvView> {
+        Arc::new(self.clone())
+    }
+
+    fn fork(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> KvShape {
+        KvShape {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 2,
+        }
+    }
+
+    fn rows(n: usize, base: f32) -> Vec<f32> {
+        (0..2 * n).map(|i| base + i as f32).collect()
+    }
+
+    fn read(c: &dyn KvView, range: Range<usize>) -> Vec<f32> {
+        let n = range.len() * 2;
+        let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
+        c.read_rows(0, range, &mut k, &mut v).unwrap();
+        k
+    }
+
+    #[test]
+    fn seals_at_segment_boundaries() {
+        let mut c = Segmented::new(shape(), 16);
+        c.append(0, &rows(40, 0.0), &rows(40, 0.0)).unwrap();
+        assert_eq!(c.segment_count(0), 3);
+        let starts: Vec<_> = c.layers[0].segs.iter().map(|s| (s.start, s.len)).collect();
+        assert_eq!(starts, [(0, 16), (16, 16), (32, 8)]);
+        assert_eq!(read(&c, 10..20), rows(40, 0.0)[20..40]);
+    }
+
+    #[test]
+    fn snapshot_seals_the_tail_without_copying() {
+        let mut c = Segmented::new(shape(), 64);
+        c.append(0, &rows(10, 0.0), &rows(10, 0.0)).unwrap();
+        let before = c.physical_bytes();
+        let snap = c.snapshot();
+        assert_eq!(footprint_of(&c, &*snap), before, "the snapshot copied nothing");
+        c.append(0, &rows(1, 99.0), &rows(1, 99.0)).unwrap();
+        assert_eq!(c.segment_count(0), 2, "the shared tail was sealed");
+        assert_eq!(read(&*snap, 0..10), rows(10, 0.0));
+        drop(snap);
+        // Alone again: truncating into the first segment makes it the tail.
+        c.truncate(5);
+        assert_eq!(c.segment_count(0), 1);
+        c.append(0, &rows(1, 7.0), &rows(1, 7.0)).unwrap();
+        assert_eq!(c.segment_count(0), 1);
+        assert_eq!(read(&c, 5..6), [7.0, 8.0]);
+    }
+
+    #[test]
+    fn truncate_into_a_shared_segment_shortens_the_view() {
+        let mut c = Segmented::new(shape(), 16);
+        c.append(0, &rows(20, 0.0), &rows(20, 0.0)).unwrap();
+        let snap = c.snapshot();
+        c.truncate(7);
+        c.append(0, &rows(3, 50.0), &rows(3, 50.0)).unwrap();
+        let segs: Vec<_> = c.layers[0].segs.iter().map(|s| (s.start, s.len)).collect();
+        assert_eq!(segs, [(0, 7), (7, 3)]);
+        assert_eq!(read(&c, 0..10)[..14], rows(20, 0.0)[..14]);
+        assert_eq!(read(&c, 7..10), rows(3, 50.0));
+        assert_eq!(read(&*snap, 0..20), rows(20, 0.0));
+    }
+
+    fn footprint_of(a: &dyn KvView, b: &dyn KvView) -> usize {
+        crate::footprint(&[a, b])
+    }
+}

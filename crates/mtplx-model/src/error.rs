@@ -1,0 +1,66 @@
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::chat::ChatTemplateError;
+use crate::tokenizer::TokenizerError;
+
+/// Everything that can go wrong in mtplx-model.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a GGUF file or a Hugging Face model folder: {reason}")]
+    NotAModel { path: PathBuf, reason: String },
+    #[error("{path}: malformed GGUF: {reason}")]
+    BadGguf { path: PathBuf, reason: String },
+    #[error("{path}: malformed safetensors: {reason}")]
+    BadSafetensors { path: PathBuf, reason: String },
+    #[error("{path}: unsupported architecture `{arch}` (supported: llama, qwen2, qwen3)")]
+    UnsupportedArchitecture { path: PathBuf, arch: String },
+    #[error("{path}: tensor `{tensor}` has unsupported type {dtype}")]
+    UnsupportedDType {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+    #[error("{path}: missing tensor `{tensor}`")]
+    MissingTensor { path: PathBuf, tensor: String },
+    #[error("{path}: tensor `{tensor}` has shape {got:?}, expected {expected:?}")]
+    TensorShape {
+        path: PathBuf,
+        tensor: String,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("{path}: bad config: {reason}")]
+    BadConfig { path: PathBuf, reason: String },
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    BadTensor {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("empty input: a forward pass needs at least one token")]
+    EmptyInput,
+    #[error("context full: {len} positions plus {new} new exceed the context window of {max}")]
+    ContextFull { len: usize, new: usize, max: usize },
+    #[error("KV cache: {0}")]
+    Kv(#[from] mtplx_kv::KvError),
+    #[error("tensor backend: {0}")]
+    Backend(#[from] candle_core::Error),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error("chat template: {0}")]
+    ChatTemplate(#[from] ChatTemplateError),
+    #[error("model store: {0}")]
+    Store(String),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -1,0 +1,39 @@
+//! Model graphs, weights, tokenizer, chat templates and sampling for mtplx.
+//!
+//! Loads GGUF files and Hugging Face folders of the Llama, Qwen2 and Qwen3 families and runs
+//! them on the CPU. The graph writes its K/V through [`mtplx_kv::KvCache`], so the caller
+//! chooses the layout. [`LanguageModel`] is the seam the rest of mtplx uses; another backend
+//! implements it without touching the callers.
+//!
+//! This crate must not know about HTTP, sessions, the bank or the SSD tier. Its only file I/O
+//! is reading model files, and the [`store`] that fetches the default model.
+//!
+//! ```no_run
+//! use mtplx_kv::CacheFactory;
+//! use mtplx_model::{generate_greedy, LanguageModel, Model, WeightFormat};
+//!
+//! # fn main() -> Result<(), mtplx_model::ModelError> {
+//! let model = Model::load("model.gguf".as_ref(), WeightFormat::F32)?;
+//! let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
+//! let tokens = generate_greedy(&model, cache.as_mut(), &[1, 2, 3], 8, &[2], 512)?;
+//! # let _ = tokens; Ok(()) }
+//! ```
+
+pub mod chat;
+mod config;
+mod error;
+mod generate;
+mod model;
+pub mod ops;
+pub mod sampling;
+pub mod source;
+pub mod stop;
+pub mod store;
+pub mod tokenizer;
+mod weights;
+
+pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use error::{ModelError, Result};
+pub use generate::{generate_greedy, prefill, FinishReason, Generator};
+pub use model::{ForwardOutput, LanguageModel, Model, Want};
+pub use weights::{Linear, RawWeight, WeightFormat};

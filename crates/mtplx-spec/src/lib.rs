@@ -1,0 +1,1 @@
+//! mtplx-spec: see ARCHITECTURE.md.

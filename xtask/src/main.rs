@@ -1,0 +1,81 @@
+//! Project tasks: `cargo xtask <task>`.
+//!
+//! - `fetch-model`: fetch and verify the default model into the store.
+//! - `test`: fetch the model, then run the whole test suite (what CI runs).
+//! - `bench`: run the criterion benches and print the figures side by side.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "mtplx project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Fetch and verify the default model into $MTPLX_HOME/models.
+    FetchModel,
+    /// Fetch the default model, then run every test of the workspace.
+    Test {
+        /// Extra arguments passed to `cargo test`.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Run the criterion benchmarks (the default model on 2 threads).
+    Bench {
+        /// Extra arguments passed to `cargo bench`.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+}
+
+fn fetch_model() -> Result<std::path::PathBuf> {
+    let store = ModelStore::from_env();
+    let path = store
+        .ensure(&DEFAULT_MODEL, &mut |line| eprintln!("[model] {line}"))
+        .context("fetching the default model")?;
+    eprintln!("[model] {} verified", path.display());
+    Ok(path)
+}
+
+fn cargo(args: &[&str], extra: &[String], envs: &[(&str, String)]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(args)
+        .args(extra)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .status()
+        .context("running cargo")?;
+    if !status.success() {
+        bail!("cargo {} failed: {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::FetchModel => {
+            fetch_model()?;
+        }
+        Task::Test { args } => {
+            let model = fetch_model()?;
+            let env = [("MTPLX_TEST_MODEL", model.display().to_string())];
+            cargo(&["test", "--workspace"], &args, &env)?;
+        }
+        Task::Bench { args } => {
+            let model = fetch_model()?;
+            let env = [
+                ("MTPLX_TEST_MODEL", model.display().to_string()),
+                ("RAYON_NUM_THREADS", "2".to_string()),
+            ];
+            cargo(&["bench", "--workspace"], &args, &env)?;
+        }
+    }
+    Ok(())
+}
