@@ -210,8 +210,12 @@ mod tests {
         let n = 40;
         let val = |i: usize, d: usize, s: f32| ((i * 31 + d * 7) as f32 * s).sin();
         let rows = Rows {
-            k: (0..n).map(|i| (0..hd).map(|d| val(i, d, 0.37)).collect()).collect(),
-            v: (0..n).map(|i| (0..hd).map(|d| val(i, d, 0.11)).collect()).collect(),
+            k: (0..n)
+                .map(|i| (0..hd).map(|d| val(i, d, 0.37)).collect())
+                .collect(),
+            v: (0..n)
+                .map(|i| (0..hd).map(|d| val(i, d, 0.11)).collect())
+                .collect(),
         };
         for pos in [0, 15, 16, 17, 39] {
             let q: Vec<f32> = (0..hd).map(|d| val(pos, d, 0.23) * 3.0).collect();

@@ -130,7 +130,7 @@ impl KvView for Contiguous {
             for buf in [&l.k, &l.v] {
                 if buf.capacity() > 0 {
                     visit(
-                        BufferId::of(buf.as_ptr()),
+                        BufferId::of(buf.as_slice()),
                         buf.capacity() * std::mem::size_of::<f32>(),
                     );
                 }
@@ -225,7 +225,8 @@ mod tests {
     fn snapshot_survives_truncate_and_growth() {
         let mut c = Contiguous::new(shape(), 4);
         for l in 0..2 {
-            c.append(l, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]).unwrap();
+            c.append(l, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0])
+                .unwrap();
         }
         let snap = c.snapshot();
         c.truncate(1);

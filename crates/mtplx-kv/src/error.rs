@@ -20,7 +20,11 @@ pub enum KvError {
     #[error("output buffer has {got} values, expected {expected}")]
     OutputSize { got: usize, expected: usize },
     #[error("rows {start}..{end} requested from a layer of {len} positions")]
-    RowsOutOfRange { start: usize, end: usize, len: usize },
+    RowsOutOfRange {
+        start: usize,
+        end: usize,
+        len: usize,
+    },
     #[error("shape mismatch: cache is {cache:?}, source is {source_shape:?}")]
     ShapeMismatch {
         cache: crate::KvShape,

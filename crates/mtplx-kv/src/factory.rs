@@ -1,4 +1,6 @@
-use crate::{BlockPool, Contiguous, KvCache, KvError, KvShape, KvView, LayoutKind, Paged, Segmented};
+use crate::{
+    BlockPool, Contiguous, KvCache, KvError, KvShape, KvView, LayoutKind, Paged, Segmented,
+};
 
 /// The caller's choice of layout: new caches, restores and conversions are built through
 /// it.

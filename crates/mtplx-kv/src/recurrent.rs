@@ -108,18 +108,21 @@ impl RecurrentState {
 
     /// `layer`'s convolution state, writable (copied first if a snapshot shares it).
     pub fn conv_mut(&mut self, layer: usize) -> Result<&mut [f32], KvError> {
-        Ok(Arc::make_mut(&mut self.layer_mut(layer)?.conv))
+        Ok(Arc::make_mut(&mut self.layer_mut(layer)?.conv).as_mut_slice())
     }
 
     /// `layer`'s SSM state, writable (copied first if a snapshot shares it).
     pub fn ssm_mut(&mut self, layer: usize) -> Result<&mut [f32], KvError> {
-        Ok(Arc::make_mut(&mut self.layer_mut(layer)?.ssm))
+        Ok(Arc::make_mut(&mut self.layer_mut(layer)?.ssm).as_mut_slice())
     }
 
     /// Both of `layer`'s states, writable at once: `(conv, ssm)`.
     pub fn state_mut(&mut self, layer: usize) -> Result<(&mut [f32], &mut [f32]), KvError> {
         let l = self.layer_mut(layer)?;
-        Ok((Arc::make_mut(&mut l.conv), Arc::make_mut(&mut l.ssm)))
+        Ok((
+            Arc::make_mut(&mut l.conv).as_mut_slice(),
+            Arc::make_mut(&mut l.ssm).as_mut_slice(),
+        ))
     }
 
     /// Zeroes every state and the token count.
@@ -267,7 +270,11 @@ mod tests {
         assert_eq!(s.physical_bytes(), all);
         assert_eq!(s.unique_bytes(), all);
         let snap = s.snapshot();
-        assert_eq!(s.unique_bytes(), 0, "everything is shared with the snapshot");
+        assert_eq!(
+            s.unique_bytes(),
+            0,
+            "everything is shared with the snapshot"
+        );
         s.ssm_mut(0).unwrap()[3] = 5.0;
         // Only the written buffer was copied.
         assert_eq!(s.unique_bytes(), 64 * 4);
@@ -301,7 +308,11 @@ mod tests {
         assert_eq!(s.ssm(1).unwrap()[0], 2.0);
         s.reset();
         assert_eq!((s.tokens(), s.conv(1).unwrap()[0]), (0, 0.0));
-        assert_eq!(snap.conv(1).unwrap()[0], 1.0, "reset copies, the snapshot stays");
+        assert_eq!(
+            snap.conv(1).unwrap()[0],
+            1.0,
+            "reset copies, the snapshot stays"
+        );
         assert_eq!(snap.to_state().ssm(1).unwrap()[0], 2.0);
     }
 
@@ -312,7 +323,10 @@ mod tests {
         assert_eq!(s.restore(&other), Err(KvError::RecurrentShapeMismatch));
         assert!(matches!(
             s.conv_mut(2),
-            Err(KvError::LayerOutOfRange { layer: 2, layers: 2 })
+            Err(KvError::LayerOutOfRange {
+                layer: 2,
+                layers: 2
+            })
         ));
     }
 }

@@ -267,8 +267,10 @@ impl KvCache for Segmented {
                 rows.k.reserve_exact(grown - rows.k.len());
                 rows.v.reserve_exact(grown - rows.v.len());
             }
-            rows.k.extend_from_slice(&k[done * row..(done + take) * row]);
-            rows.v.extend_from_slice(&v[done * row..(done + take) * row]);
+            rows.k
+                .extend_from_slice(&k[done * row..(done + take) * row]);
+            rows.v
+                .extend_from_slice(&v[done * row..(done + take) * row]);
             s.len += take;
             l.len += take;
             done += take;
@@ -362,7 +364,11 @@ mod tests {
         c.append(0, &rows(10, 0.0), &rows(10, 0.0)).unwrap();
         let before = c.physical_bytes();
         let snap = c.snapshot();
-        assert_eq!(footprint_of(&c, &*snap), before, "the snapshot copied nothing");
+        assert_eq!(
+            footprint_of(&c, &*snap),
+            before,
+            "the snapshot copied nothing"
+        );
         c.append(0, &rows(1, 99.0), &rows(1, 99.0)).unwrap();
         assert_eq!(c.segment_count(0), 2, "the shared tail was sealed");
         assert_eq!(read(&*snap, 0..10), rows(10, 0.0));
@@ -387,6 +393,18 @@ mod tests {
         assert_eq!(read(&c, 0..10)[..14], rows(20, 0.0)[..14]);
         assert_eq!(read(&c, 7..10), rows(3, 50.0));
         assert_eq!(read(&*snap, 0..20), rows(20, 0.0));
+    }
+
+    #[test]
+    fn a_tail_regained_after_its_sharer_drops_overwrites_stale_rows() {
+        let mut c = Segmented::new(shape(), 64);
+        c.append(0, &rows(10, 0.0), &rows(10, 0.0)).unwrap();
+        let fork = c.fork();
+        c.truncate(4);
+        drop(fork);
+        c.append(0, &rows(2, 70.0), &rows(2, 70.0)).unwrap();
+        assert_eq!(c.segment_count(0), 1, "the tail is written in place again");
+        assert_eq!(read(&c, 4..6), rows(2, 70.0));
     }
 
     fn footprint_of(a: &dyn KvView, b: &dyn KvView) -> usize {

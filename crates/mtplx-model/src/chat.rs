@@ -77,8 +77,10 @@ impl std::fmt::Display for Raised {
 impl std::error::Error for Raised {}
 
 fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
-    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
-        .with_source(Raised(message)))
+    Err(
+        minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
+            .with_source(Raised(message)),
+    )
 }
 
 impl ChatTemplate {
@@ -243,6 +245,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn block_tags_trim_like_transformers() {
+        // transformers renders with trim_blocks and lstrip_blocks.
+        let t = ChatTemplate::new("  {% if true %}\n  x\n  {% endif %}\ny", "", "").unwrap();
+        assert_eq!(t.render(&ChatRequest::default()).unwrap(), "  x\ny");
+    }
+
+    #[test]
     fn content_format_detection() {
         assert_eq!(
             ContentFormat::detect("{{ message['content'] }}"),
@@ -264,7 +273,10 @@ mod tests {
             arguments(&json!("{\"a\": 1}")).into_owned(),
             json!({"a": 1})
         );
-        assert_eq!(arguments(&json!("not json")).into_owned(), json!("not json"));
+        assert_eq!(
+            arguments(&json!("not json")).into_owned(),
+            json!("not json")
+        );
         assert_eq!(arguments(&json!("[1]")).into_owned(), json!("[1]"));
         assert_eq!(arguments(&json!({"b": 2})).into_owned(), json!({"b": 2}));
     }
@@ -297,15 +309,16 @@ mod tests {
     fn kwargs_reach_the_template_but_do_not_override_core_names() {
         let t = ChatTemplate::new("{{ bos_token }}{{ enable_thinking }}", "<s>", "</s>").unwrap();
         let mut req = ChatRequest::default();
-        req.template_kwargs.insert("enable_thinking".into(), json!(false));
+        req.template_kwargs
+            .insert("enable_thinking".into(), json!(false));
         req.template_kwargs.insert("bos_token".into(), json!("X"));
-        assert_eq!(t.render(&req).unwrap(), "<s>false");
+        assert_eq!(t.render(&req).unwrap(), "<s>False");
     }
 
     #[test]
     fn absent_tools_are_none_not_undefined() {
         let t = ChatTemplate::new("{{ tools is none }}", "", "").unwrap();
-        assert_eq!(t.render(&ChatRequest::default()).unwrap(), "true");
+        assert_eq!(t.render(&ChatRequest::default()).unwrap(), "True");
     }
 
     #[test]
@@ -316,6 +329,6 @@ mod tests {
             "",
         )
         .unwrap();
-        assert_eq!(t.render(&ChatRequest::default()).unwrap(), "x2true4");
+        assert_eq!(t.render(&ChatRequest::default()).unwrap(), "x2True4");
     }
 }

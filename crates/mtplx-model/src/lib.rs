@@ -19,6 +19,7 @@
 //! # let _ = tokens; Ok(()) }
 //! ```
 
+mod bundle;
 pub mod chat;
 mod config;
 mod error;
@@ -32,6 +33,7 @@ pub mod store;
 pub mod tokenizer;
 mod weights;
 
+pub use bundle::{model_id, Bundle};
 pub use config::{Architecture, ModelConfig, RopeStyle};
 pub use error::{ModelError, Result};
 pub use generate::{generate_greedy, prefill, FinishReason, Generator};

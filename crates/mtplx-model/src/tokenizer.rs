@@ -18,7 +18,6 @@ use std::sync::Arc;
 use candle_core::quantized::gguf_file;
 
 pub use error::TokenizerError;
-pub use pretokenizer::PreTokenizerKind;
 pub use stream::StreamDecoder;
 
 use pieces::TokenPieces;

@@ -70,7 +70,8 @@ impl RowSource for PagedSource<'_> {
             return None;
         }
         let b = &self.blocks[bi];
-        let r = (start % self.block_tokens) * self.row_len..(end - bi * self.block_tokens) * self.row_len;
+        let r = (start % self.block_tokens) * self.row_len
+            ..(end - bi * self.block_tokens) * self.row_len;
         Some((&b.k()[r.clone()], &b.v()[r]))
     }
 }
@@ -219,7 +220,10 @@ impl KvCache for Paged {
                 .expect("unique after copy-on-write")
                 .kv_mut();
             let take = (bt - off).min(n - done);
-            let (dst, src) = (off * row..(off + take) * row, done * row..(done + take) * row);
+            let (dst, src) = (
+                off * row..(off + take) * row,
+                done * row..(done + take) * row,
+            );
             bk[dst.clone()].copy_from_slice(&k[src.clone()]);
             bv[dst].copy_from_slice(&v[src]);
             l.len += take;
@@ -307,7 +311,11 @@ mod tests {
         assert_eq!(k, rows(6, 0.0));
         assert_eq!(v, rows(6, 100.0));
         drop((a, b));
-        assert_eq!(pool.stats().live_blocks, 0, "dropping the caches frees every block");
+        assert_eq!(
+            pool.stats().live_blocks,
+            0,
+            "dropping the caches frees every block"
+        );
     }
 
     #[test]

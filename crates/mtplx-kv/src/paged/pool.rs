@@ -108,9 +108,10 @@ impl BlockPool {
     /// Live and free blocks right now.
     pub fn stats(&self) -> PoolStats {
         let free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (free_blocks, free_bytes) = free.values().flatten().fold((0, 0), |(n, b), d| {
-            (n + 1, b + std::mem::size_of_val(&**d))
-        });
+        let (free_blocks, free_bytes) = free
+            .values()
+            .flatten()
+            .fold((0, 0), |(n, b), d| (n + 1, b + std::mem::size_of_val(&**d)));
         PoolStats {
             live_blocks: self.inner.live_blocks.load(Ordering::Relaxed),
             live_bytes: self.inner.live_bytes.load(Ordering::Relaxed),

@@ -244,14 +244,20 @@ mod tests {
     fn render(template: &str, value: serde_json::Value) -> String {
         let mut env = Environment::new();
         env.add_filter("tojson", tojson);
-        env.render_str(template, minijinja::context! { x => Value::from_serialize(&value) })
-            .unwrap()
+        env.render_str(
+            template,
+            minijinja::context! { x => Value::from_serialize(&value) },
+        )
+        .unwrap()
     }
 
     #[test]
     fn matches_python_json_dumps_spacing_and_escapes() {
         assert_eq!(
-            render("{{ x | tojson }}", json!({"a": [1, 2.5, 2.0, true, null], "b": "<é\"\n\u{1}>"})),
+            render(
+                "{{ x | tojson }}",
+                json!({"a": [1, 2.5, 2.0, true, null], "b": "<é\"\n\u{1}>"})
+            ),
             r#"{"a": [1, 2.5, 2.0, true, null], "b": "<é\"\n\u0001>"}"#
         );
         assert_eq!(render("{{ x | tojson }}", json!([])), "[]");

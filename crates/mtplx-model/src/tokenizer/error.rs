@@ -18,12 +18,6 @@ pub enum TokenizerError {
         key: &'static str,
         expected: &'static str,
     },
-    #[error("GGUF metadata `{key}` = {id} is outside the vocabulary of {vocab}")]
-    IdOutOfRange {
-        key: &'static str,
-        id: u64,
-        vocab: usize,
-    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -122,10 +122,7 @@ pub(super) fn parts(content: &Content) -> Result<Parts, TokenizerError> {
     hf.add_tokens(added(&|ty| ty == TokenType::UserDefined, false))
         .map_err(TokenizerError::Build)?;
 
-    let pieces = TokenPieces::new(
-        tokens.iter().zip(&types).map(|(t, ty)| ty.piece(t)),
-        0,
-    );
+    let pieces = TokenPieces::new(tokens.iter().zip(&types).map(|(t, ty)| ty.piece(t)), 0);
     let n = tokens.len();
     let extra_stop = [id(md, EOT, n)?, id(md, EOM, n)?].into_iter().flatten();
     Ok(Parts {
@@ -136,8 +133,10 @@ pub(super) fn parts(content: &Content) -> Result<Parts, TokenizerError> {
         pad: id(md, PAD, n)?,
         extra_stop: extra_stop.collect(),
         chat_template: string(md, CHAT_TEMPLATE)?.map(str::to_owned),
-        add_bos: flag(md, ADD_BOS)?
-            .unwrap_or(matches!(pre_name, "llama3" | "llama-v3" | "llama-bpe" | "falcon3")),
+        add_bos: flag(md, ADD_BOS)?.unwrap_or(matches!(
+            pre_name,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3"
+        )),
     })
 }
 
@@ -322,7 +321,9 @@ mod tests {
         let tok = Tokenizer::from_gguf(&tiny("smollm")).unwrap();
         let ids = tok.encode("hello world", false).unwrap();
         assert_eq!(
-            ids.iter().map(|&i| tok.id_to_token(i).unwrap()).collect::<Vec<_>>(),
+            ids.iter()
+                .map(|&i| tok.id_to_token(i).unwrap())
+                .collect::<Vec<_>>(),
             ["hello", "Ġw", "o", "r", "l", "d"]
         );
         assert_eq!(tok.decode(&ids, false).unwrap(), "hello world");

@@ -258,6 +258,74 @@ mod tests {
         );
     }
 
+    fn tokenizer_json(decoder: serde_json::Value, vocab: serde_json::Value) -> Vec<u8> {
+        let json = json!({
+            "version": "1.0",
+            "truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0},
+            "padding": null,
+            "added_tokens": [{"id": 1, "content": "<s>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": null,
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
+            },
+            "decoder": decoder,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": true,
+                      "ignore_merges": false, "vocab": vocab, "merges": []}
+        });
+        serde_json::to_vec(&json).unwrap()
+    }
+
+    fn spm_vocab() -> serde_json::Value {
+        json!({"<unk>": 0, "<s>": 1, "▁Hello": 2, "▁world": 3, "<0x0A>": 4, "<0xE2>": 5,
+               "<0x82>": 6, "<0xAC>": 7, "a": 8})
+    }
+
+    #[test]
+    fn sentencepiece_pieces_decode_like_tokenizers() {
+        let decoder = json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}
+        ]});
+        let bytes = tokenizer_json(decoder, spm_vocab());
+        let parts = parts(&bytes, None).unwrap();
+        let reference = HfTokenizer::from_bytes(&bytes).unwrap();
+        for ids in [&[2, 3, 4][..], &[1, 2, 5, 6, 7, 3], &[3, 2], &[8, 2]] {
+            for skip in [false, true] {
+                assert_eq!(
+                    parts.pieces.decode(ids, skip).unwrap(),
+                    reference.decode(ids, skip).unwrap(),
+                    "{ids:?} skip={skip}"
+                );
+            }
+        }
+        assert_eq!(parts.pieces.decode(&[2, 5, 6, 7], false).unwrap(), "Hello€");
+    }
+
+    #[test]
+    fn truncation_is_off_and_bos_is_probed_from_the_post_processor() {
+        let config = serde_json::to_vec(&json!({"bos_token": "<s>"})).unwrap();
+        let bytes = tokenizer_json(json!(null), spm_vocab());
+        let parts = parts(&bytes, Some(&config)).unwrap();
+        let ids = parts.hf.encode_fast("aaaa", false).unwrap();
+        assert_eq!(ids.get_ids(), [8, 8, 8, 8]);
+        assert_eq!(parts.bos, Some(1));
+        assert!(parts.add_bos);
+        // No decoder: each token decodes on its own.
+        assert_eq!(parts.pieces.decode(&[8, 2], false).unwrap(), "a▁Hello");
+
+        let config =
+            serde_json::to_vec(&json!({"bos_token": "<s>", "add_bos_token": false})).unwrap();
+        assert!(!super::parts(&bytes, Some(&config)).unwrap().add_bos);
+    }
+
     #[test]
     fn byte_tokens() {
         assert_eq!(byte_token("<0x0A>"), Some(b'\n'));
@@ -282,6 +350,9 @@ mod tests {
         assert_eq!(c.bos_token.unwrap().text(), "<s>");
         assert_eq!(c.eos_token.unwrap().text(), "</s>");
         assert!(c.pad_token.is_none());
-        assert_eq!(c.chat_template.unwrap().into_default().as_deref(), Some("D"));
+        assert_eq!(
+            c.chat_template.unwrap().into_default().as_deref(),
+            Some("D")
+        );
     }
 }

@@ -10,8 +10,7 @@ use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 use super::TokenizerError;
 
 /// GPT-2's word regex (what `ByteLevel { use_regex: true }` applies).
-const GPT2: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// Qwen2's regex, with llama.cpp's spelled-out case-insensitive contractions.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -21,7 +20,7 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 
 /// A pre-tokenizer family of llama.cpp's BPE vocabularies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PreTokenizerKind {
+pub(crate) enum PreTokenizerKind {
     /// GPT-2's regex alone (`gpt-2`, `mpt`, `olmo`, `jais`, ...).
     Gpt2,
     /// Every digit its own word, then GPT-2's regex (`smollm`, `starcoder`, `refact`, ...).
@@ -66,12 +65,9 @@ impl PreTokenizerKind {
             PreTokenizerKind::Qwen2 => &[QWEN2],
             PreTokenizerKind::Llama3 => &[LLAMA3],
             PreTokenizerKind::Falcon => &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
-            PreTokenizerKind::Default => &[
-                r"[\p{P}\$\+<=>\^~\|]+",
-                GPT2,
-                r"\p{N}+",
-                r"[0-9][0-9][0-9]",
-            ],
+            PreTokenizerKind::Default => {
+                &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
+            }
         }
     }
 
@@ -139,7 +135,11 @@ mod tests {
             ("llama-bpe", Llama3),
             ("falcon", Falcon),
         ] {
-            assert_eq!(PreTokenizerKind::from_gguf_name(name).unwrap(), kind, "{name}");
+            assert_eq!(
+                PreTokenizerKind::from_gguf_name(name).unwrap(),
+                kind,
+                "{name}"
+            );
         }
         assert!(Llama3.ignore_merges("llama-bpe"));
         assert!(!Llama3.ignore_merges("dbrx"));

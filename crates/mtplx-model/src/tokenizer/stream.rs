@@ -148,7 +148,10 @@ mod tests {
         let mut decoder = StreamDecoder::new(table, false);
         assert_eq!(decoder.push(0xE2).unwrap(), None);
         // 'A' cannot continue the sequence: one U+FFFD for E2, then 'A'.
-        assert_eq!(decoder.push(u32::from(b'A')).unwrap().as_deref(), Some("\u{FFFD}A"));
+        assert_eq!(
+            decoder.push(u32::from(b'A')).unwrap().as_deref(),
+            Some("\u{FFFD}A")
+        );
         assert_eq!(decoder.push(0xF0).unwrap(), None);
         assert_eq!(decoder.finish(), "\u{FFFD}");
     }

@@ -1,0 +1,98 @@
+//! A model with everything needed to serve it: weights, tokenizer, chat template, identity.
+
+use std::path::{Path, PathBuf};
+
+use crate::chat::ChatTemplate;
+use crate::error::{ModelError, Result};
+use crate::model::{LanguageModel, Model};
+use crate::source::{GgufSource, HfSource};
+use crate::tokenizer::Tokenizer;
+use crate::weights::WeightFormat;
+
+/// A loaded model and its text side.
+pub struct Bundle {
+    /// The name clients use (`/v1/models`, the `model` field).
+    pub id: String,
+    /// Where it was loaded from.
+    pub path: PathBuf,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    /// The model's own chat template, when it has one.
+    pub template: Option<ChatTemplate>,
+}
+
+impl Bundle {
+    /// Loads a GGUF file or a Hugging Face folder with its tokenizer and chat template.
+    pub fn load(path: &Path, format: WeightFormat) -> Result<Self> {
+        let (model, tokenizer) = if path.is_dir() {
+            let mut src = HfSource::open(path)?;
+            let config = src.config()?;
+            let model = Model::from_source(&mut src, config, format)?;
+            let cfg = path.join("tokenizer_config.json");
+            let tokenizer = Tokenizer::from_file(
+                &path.join("tokenizer.json"),
+                cfg.exists().then_some(cfg.as_path()),
+            )?;
+            (model, tokenizer)
+        } else {
+            let mut src = GgufSource::open(path)?;
+            let config = src.config()?;
+            let tokenizer = Tokenizer::from_gguf(src.content())?;
+            let model = Model::from_source(&mut src, config, format)?;
+            (model, tokenizer)
+        };
+        if tokenizer.vocab_size() > model.config().vocab_size {
+            return Err(ModelError::BadConfig {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "the tokenizer has {} tokens but the model only {}",
+                    tokenizer.vocab_size(),
+                    model.config().vocab_size
+                ),
+            });
+        }
+        let template = match tokenizer.chat_template() {
+            Some(src) => Some(ChatTemplate::new(
+                src,
+                &tokenizer.bos_token().unwrap_or_default(),
+                &tokenizer.eos_token().unwrap_or_default(),
+            )?),
+            None => None,
+        };
+        Ok(Bundle {
+            id: model_id(path),
+            path: path.to_path_buf(),
+            model,
+            tokenizer,
+            template,
+        })
+    }
+}
+
+/// A model's public name: the file stem without a quantization suffix, or the folder name.
+pub fn model_id(path: &Path) -> String {
+    let name = if path.is_dir() {
+        path.file_name()
+    } else {
+        path.file_stem()
+    };
+    let name = name.map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
+    match name.rsplit_once('.') {
+        Some((stem, quant)) if quant.starts_with(['Q', 'q', 'F', 'f', 'B', 'b']) => stem.to_string(),
+        _ => name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_drop_the_quant_suffix() {
+        assert_eq!(
+            model_id(Path::new("/m/SmolLM2-135M-Instruct.Q4_1.gguf")),
+            "SmolLM2-135M-Instruct"
+        );
+        assert_eq!(model_id(Path::new("/m/plain.gguf")), "plain");
+    }
+}

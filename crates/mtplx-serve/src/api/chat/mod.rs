@@ -1,0 +1,120 @@
+//! `POST /v1/chat/completions`.
+
+mod stream;
+pub mod wire;
+
+use http::{Request, Response};
+use serde_json::{json, Value};
+
+use self::stream::ChatStream;
+use self::wire::ChatCompletionRequest;
+use super::generate::{self, Generation};
+use super::params::{stop_strings, token_limit};
+use super::prompt::{self, Conversation};
+use super::tools::{parse_all, ParsedCall};
+use super::{check_model, json_response, openai_usage, read_json, sse, unix_now, RequestCtx};
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub const ENDPOINT: &str = "/v1/chat/completions";
+
+pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body>, ApiError> {
+    let ctx = RequestCtx::of(&req);
+    let body: ChatCompletionRequest = read_json(req.into_body()).await?;
+    check_model(&state, body.model.as_deref())?;
+    if body.messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "`messages` must not be empty."));
+    }
+    if body.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_param("n", "Only `n: 1` is supported."));
+    }
+    if body.logprobs == Some(true) {
+        return Err(ApiError::invalid_param("logprobs", "`logprobs` is not supported."));
+    }
+    let sampler = body.sampling().sampler()?;
+    let max_tokens = match token_limit("max_completion_tokens", body.max_completion_tokens)? {
+        Some(n) => Some(n),
+        None => token_limit("max_tokens", body.max_tokens)?,
+    };
+    let tools = body.active_tools();
+    let streaming = body.stream.unwrap_or(false);
+    let include_usage = body
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let ignore_eos = body.ignore_eos.unwrap_or(false);
+    let stop = stop_strings(body.stop.clone());
+    let template_kwargs = body.chat_template_kwargs.clone().unwrap_or_default();
+    let messages = body
+        .messages
+        .into_iter()
+        .map(wire::WireMessage::into_chat)
+        .collect::<Result<Vec<_>, _>>()?;
+    let has_tools = tools.is_some();
+    let prompt = prompt::encode_chat(
+        &state,
+        Conversation {
+            messages,
+            tools,
+            template_kwargs,
+        },
+    )?;
+    let events = generate::submit(
+        &state,
+        &ctx,
+        ENDPOINT,
+        Generation {
+            prompt,
+            sampler,
+            max_tokens,
+            stop,
+            ignore_eos,
+        },
+    )?;
+    let id = format!("chatcmpl-{}", ctx.id_suffix());
+    let model = state.model_id().to_owned();
+    if streaming {
+        let encoder = ChatStream::new(id, model, has_tools, include_usage);
+        return Ok(sse::response(events, encoder));
+    }
+    let done = generate::collect(events).await?;
+    let (content, calls) = if has_tools {
+        parse_all(&done.text)
+    } else {
+        (Some(done.text), Vec::new())
+    };
+    let finish = if calls.is_empty() {
+        done.summary.finish.as_openai()
+    } else {
+        "tool_calls"
+    };
+    let mut message = json!({ "role": "assistant", "content": content });
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
+    }
+    Ok(json_response(&json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": unix_now(),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": finish,
+        }],
+        "usage": openai_usage(&done.summary),
+        "system_fingerprint": null,
+    })))
+}
+
+/// An OpenAI `tool_calls` entry with a fresh id.
+pub fn tool_call_json(call: &ParsedCall) -> Value {
+    json!({
+        "id": format!("call_{}", super::random_hex()),
+        "type": "function",
+        "function": { "name": call.name, "arguments": call.arguments },
+    })
+}

@@ -1,0 +1,112 @@
+//! The `chat.completion.chunk` stream.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::api::sse::{data, done_marker, SseEncoder};
+use crate::api::tools::{Piece, ToolCallParser};
+use crate::api::{openai_usage, unix_now};
+use crate::engine::Summary;
+use crate::error::ApiError;
+
+pub struct ChatStream {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+    /// Present when the request had tools: calls are parsed out of the text.
+    tools: Option<ToolCallParser>,
+}
+
+impl ChatStream {
+    pub fn new(id: String, model: String, tools: bool, include_usage: bool) -> Self {
+        ChatStream {
+            id,
+            model,
+            created: unix_now(),
+            include_usage,
+            tools: tools.then(ToolCallParser::new),
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Bytes {
+        data(&json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "delta": delta,
+                "logprobs": null,
+                "finish_reason": finish,
+            }],
+        }))
+    }
+
+    fn pieces(&self, pieces: Vec<Piece>, calls_before: usize) -> Vec<Bytes> {
+        let mut index = calls_before;
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Text(t) => self.chunk(json!({ "content": t }), None),
+                Piece::Call(c) => {
+                    let mut call = super::tool_call_json(&c);
+                    call["index"] = json!(index);
+                    index += 1;
+                    self.chunk(json!({ "tool_calls": [call] }), None)
+                }
+            })
+            .collect()
+    }
+}
+
+impl SseEncoder for ChatStream {
+    fn open(&mut self) -> Vec<Bytes> {
+        vec![self.chunk(json!({ "role": "assistant", "content": "" }), None)]
+    }
+
+    fn text(&mut self, text: String) -> Vec<Bytes> {
+        match self.tools.as_mut() {
+            None => vec![self.chunk(json!({ "content": text }), None)],
+            Some(parser) => {
+                let before = parser.calls();
+                let pieces = parser.push(&text);
+                self.pieces(pieces, before)
+            }
+        }
+    }
+
+    fn done(&mut self, summary: Summary) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        let mut calls = 0;
+        if let Some(parser) = self.tools.as_mut() {
+            let before = parser.calls();
+            let pieces = parser.finish();
+            calls = parser.calls();
+            out = self.pieces(pieces, before);
+        }
+        let finish = if calls > 0 {
+            "tool_calls"
+        } else {
+            summary.finish.as_openai()
+        };
+        out.push(self.chunk(json!({}), Some(finish)));
+        if self.include_usage {
+            out.push(data(&json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": openai_usage(&summary),
+            })));
+        }
+        out.push(done_marker());
+        out
+    }
+
+    fn failed(&mut self, message: String) -> Vec<Bytes> {
+        vec![data(&ApiError::internal(message).to_json(Default::default())), done_marker()]
+    }
+}

@@ -1,0 +1,76 @@
+//! The one path from a handler to the engine: check the prompt against the context window,
+//! queue the job, and either collect its text or hand its events to a stream.
+
+use mtplx_model::sampling::Sampler;
+use tokio::sync::mpsc;
+
+use super::RequestCtx;
+use crate::engine::{Event, Job, Summary};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// A generation as an endpoint asks for it.
+#[derive(Debug)]
+pub struct Generation {
+    pub prompt: Vec<u32>,
+    pub sampler: Sampler,
+    /// `None`: until the context window is full.
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+/// Checks `g` and queues it. A prompt that leaves no room for one new token is a 400
+/// `context_length_exceeded`; `max_tokens` beyond the room left is capped to it.
+pub fn submit(
+    state: &AppState,
+    ctx: &RequestCtx,
+    endpoint: &'static str,
+    g: Generation,
+) -> Result<mpsc::Receiver<Event>, ApiError> {
+    let context = state.context_window();
+    if g.prompt.is_empty() {
+        return Err(ApiError::bad_request("The prompt is empty."));
+    }
+    let vocab = state.bundle().tokenizer.vocab_size();
+    if let Some(bad) = g.prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("Token id {bad} is outside the vocabulary of {vocab}."),
+        ));
+    }
+    if g.prompt.len() >= context {
+        return Err(ApiError::context_length_exceeded(g.prompt.len(), context));
+    }
+    let room = context - g.prompt.len();
+    state.engine().submit(Job {
+        request_id: ctx.request_id.clone(),
+        endpoint,
+        prompt: g.prompt,
+        sampler: g.sampler,
+        max_tokens: g.max_tokens.map_or(room, |m| m.min(room)),
+        stop: g.stop,
+        ignore_eos: g.ignore_eos,
+        received: ctx.received,
+    })
+}
+
+/// A generation's whole text and its summary.
+#[derive(Debug, Clone)]
+pub struct Completed {
+    pub text: String,
+    pub summary: Summary,
+}
+
+/// Waits for the end of a generation.
+pub async fn collect(mut events: mpsc::Receiver<Event>) -> Result<Completed, ApiError> {
+    let mut text = String::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(summary) => return Ok(Completed { text, summary }),
+            Event::Failed(message) => return Err(ApiError::internal(message)),
+        }
+    }
+    Err(ApiError::internal("The engine stopped before the generation ended."))
+}

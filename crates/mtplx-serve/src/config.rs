@@ -1,0 +1,154 @@
+//! Command-line flags, each with an `MTPLX_*` environment equivalent.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use mtplx_model::WeightFormat;
+
+use crate::request_log::{self, Rotation};
+use crate::state::Settings;
+
+/// How weights are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Weights {
+    /// Dequantised to f32 at load.
+    F32,
+    /// Kept in the file's quantized blocks.
+    Quantized,
+}
+
+impl From<Weights> for WeightFormat {
+    fn from(w: Weights) -> Self {
+        match w {
+            Weights::F32 => WeightFormat::F32,
+            Weights::Quantized => WeightFormat::Quantized,
+        }
+    }
+}
+
+/// Serve a model over OpenAI- and Anthropic-compatible HTTP APIs.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "mtplx-serve", version)]
+pub struct Config {
+    /// A GGUF file or a Hugging Face model folder [default: SmolLM2-135M-Instruct from the
+    /// model store, fetched on first use].
+    #[arg(long, env = "MTPLX_MODEL")]
+    pub model: Option<PathBuf>,
+    #[arg(long, env = "MTPLX_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, env = "MTPLX_PORT", default_value_t = 8000)]
+    pub port: u16,
+    /// Required when binding anything but loopback; clients send it as a Bearer token or
+    /// `x-api-key`.
+    #[arg(long, env = "MTPLX_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Generation requests in flight at once; more get a 503 with Retry-After.
+    #[arg(long, env = "MTPLX_MAX_ACTIVE_REQUESTS", default_value_t = 8)]
+    pub max_active_requests: usize,
+    /// Context window in tokens [default: the model's].
+    #[arg(long, env = "MTPLX_CONTEXT_WINDOW")]
+    pub context_window: Option<usize>,
+    /// How weights are held in memory [default: the model crate's choice].
+    #[arg(long, env = "MTPLX_WEIGHTS", value_enum)]
+    pub weights: Option<Weights>,
+    /// Prompt tokens per prefill forward pass.
+    #[arg(long, env = "MTPLX_PREFILL_CHUNK_TOKENS", default_value_t = 512)]
+    pub prefill_chunk_tokens: usize,
+    /// Request log path, or `off` [default: $MTPLX_HOME/logs/request-log-<port>.jsonl].
+    #[arg(long, env = "MTPLX_REQUEST_LOG_JSONL")]
+    pub request_log_jsonl: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long, env = "MTPLX_MAX_BODY_BYTES", default_value_t = 16 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds a response may take to start.
+    #[arg(long, env = "MTPLX_REQUEST_TIMEOUT_S", default_value_t = 600)]
+    pub request_timeout_s: u64,
+}
+
+/// Whether `host` names the loopback interface.
+pub fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost") || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+impl Config {
+    /// Refuses settings that must not run: a non-loopback bind without an API key.
+    pub fn check(&self) -> Result<(), String> {
+        let has_key = self.api_key.as_deref().is_some_and(|k| !k.is_empty());
+        if !is_loopback(&self.host) && !has_key {
+            return Err(format!(
+                "refusing to bind {} without an API key: pass --api-key (or MTPLX_API_KEY), or \
+                 bind 127.0.0.1",
+                self.host
+            ));
+        }
+        if self.max_active_requests == 0 {
+            return Err("--max-active-requests must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Where the request log goes, `None` when off.
+    pub fn request_log_path(&self) -> Option<PathBuf> {
+        match self.request_log_jsonl.as_deref() {
+            Some("off" | "") => None,
+            Some(p) => Some(PathBuf::from(p)),
+            None => Some(request_log::default_path(self.port)),
+        }
+    }
+
+    pub fn weight_format(&self) -> WeightFormat {
+        self.weights.map(Into::into).unwrap_or_default()
+    }
+
+    pub fn settings(&self) -> Settings {
+        Settings {
+            context_window: self.context_window,
+            max_active_requests: self.max_active_requests,
+            prefill_chunk_tokens: self.prefill_chunk_tokens,
+            request_log: self.request_log_path(),
+            request_log_rotation: Rotation::default(),
+            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            max_body_bytes: self.max_body_bytes,
+            request_timeout: Duration::from_secs(self.request_timeout_s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::try_parse_from(std::iter::once("mtplx-serve").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn loopback_binds_need_no_key_and_others_do() {
+        assert!(parse(&[]).check().is_ok());
+        assert!(parse(&["--host", "::1"]).check().is_ok());
+        assert!(parse(&["--host", "localhost"]).check().is_ok());
+        let open = parse(&["--host", "0.0.0.0"]);
+        assert!(open.check().unwrap_err().contains("--api-key"));
+        assert!(parse(&["--host", "0.0.0.0", "--api-key", "k"]).check().is_ok());
+        assert!(parse(&["--host", "0.0.0.0", "--api-key", ""]).check().is_err());
+    }
+
+    #[test]
+    fn flags_become_settings() {
+        let c = parse(&[
+            "--port", "9001", "--context-window", "512", "--weights", "quantized",
+            "--request-log-jsonl", "off", "--max-active-requests", "3",
+        ]);
+        assert_eq!(c.weight_format(), WeightFormat::Quantized);
+        let s = c.settings();
+        assert_eq!(s.context_window, Some(512));
+        assert_eq!(s.max_active_requests, 3);
+        assert_eq!(s.request_log, None);
+        let d = parse(&["--port", "9001"]);
+        let log = d.request_log_path().unwrap();
+        assert!(log.ends_with("logs/request-log-9001.jsonl"), "{}", log.display());
+    }
+}

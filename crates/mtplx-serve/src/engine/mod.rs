@@ -1,0 +1,89 @@
+//! The engine: one thread that owns the model and runs generations one at a time, fed by a
+//! bounded queue. Handlers talk to it through channels: a [`Job`] in, a stream of
+//! [`Event`]s out. Dropping the event receiver cancels the job within one decode step (or
+//! one prefill chunk).
+
+mod job;
+mod worker;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mtplx_model::Bundle;
+use tokio::sync::mpsc;
+
+pub use job::{prompt_hash, Event, Finish, Job, Summary};
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::request_log::RequestLog;
+
+/// Events buffered between the engine and a slow client; the engine waits beyond this, so
+/// it is never more than this many pieces of text ahead of what the client read.
+pub const EVENT_BUFFER: usize = 4;
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Most positions (prompt plus generated) a generation may use.
+    pub context_window: usize,
+    /// Prompt tokens per prefill forward pass.
+    pub prefill_chunk_tokens: usize,
+    /// Jobs that may wait for the engine; one more is refused with a 503.
+    pub queue_capacity: usize,
+}
+
+/// A handle to the engine thread. Cheap to clone; the thread ends when the last handle is
+/// dropped and its queue is empty.
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::Sender<(Job, mpsc::Sender<Event>)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Engine {
+    /// Starts the engine thread.
+    pub fn spawn(
+        bundle: Arc<Bundle>,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        log: Option<Arc<RequestLog>>,
+    ) -> std::io::Result<Engine> {
+        let (tx, mut rx) = mpsc::channel::<(Job, mpsc::Sender<Event>)>(config.queue_capacity.max(1));
+        let mut worker = worker::Worker::new(bundle, config, metrics.clone(), log);
+        std::thread::Builder::new()
+            .name("mtplx-engine".into())
+            .spawn(move || {
+                while let Some((job, events)) = rx.blocking_recv() {
+                    worker.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                    worker.run(job, events);
+                }
+            })?;
+        Ok(Engine { tx, metrics })
+    }
+
+    /// Queues `job`; its events arrive on the returned receiver. A full queue is a 503.
+    pub fn submit(&self, job: Job) -> Result<mpsc::Receiver<Event>, ApiError> {
+        let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
+        self.metrics.queued.fetch_add(1, Ordering::Relaxed);
+        self.tx.try_send((job, events_tx)).map_err(|e| {
+            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                mpsc::error::TrySendError::Full(_) => ApiError::overloaded(
+                    "The generation queue is full; retry shortly.",
+                    1,
+                ),
+                mpsc::error::TrySendError::Closed(_) => {
+                    ApiError::internal("The engine has stopped.")
+                }
+            }
+        })?;
+        Ok(events_rx)
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").finish_non_exhaustive()
+    }
+}

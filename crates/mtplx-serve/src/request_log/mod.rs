@@ -1,0 +1,160 @@
+//! The request log: one JSON line per generation request, numbers and hashes only, never
+//! prompt or completion text. Rotated at 64 MiB, keeping 4 old files.
+
+mod rotate;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+pub use rotate::{RotatingFile, Rotation};
+
+use crate::engine::Summary;
+
+/// One line of the log. Every field is a number, a fixed label or a hash.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Record {
+    /// Unix seconds when the line was written.
+    pub ts: f64,
+    pub request_id: String,
+    pub endpoint: &'static str,
+    pub status: u16,
+    /// The error code of a failed request (`context_length_exceeded`, ...).
+    pub error_code: Option<&'static str>,
+    /// blake3 of the prompt's token ids.
+    pub prompt_hash: Option<String>,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub new_prefill_tokens: usize,
+    pub completion_tokens: usize,
+    pub ttft_s: Option<f64>,
+    pub prompt_tps: Option<f64>,
+    pub decode_tok_s: Option<f64>,
+    pub finish_reason: Option<&'static str>,
+    /// Where reused K/V came from: `none` until the session bank exists.
+    pub cache_source: &'static str,
+    /// `cold`: nothing reused.
+    pub session_restore_mode: &'static str,
+    pub cache_miss_reason: &'static str,
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl Record {
+    /// A request that ended in the engine (status 200, or 499 when the client left).
+    pub fn finished(request_id: &str, endpoint: &'static str, s: &Summary) -> Self {
+        let cancelled = s.finish == crate::engine::Finish::Cancelled;
+        Record {
+            status: if cancelled { 499 } else { 200 },
+            prompt_hash: Some(s.prompt_hash.clone()),
+            prompt_tokens: s.prompt_tokens,
+            cached_tokens: s.cached_tokens,
+            new_prefill_tokens: s.new_prefill_tokens,
+            completion_tokens: s.completion_tokens,
+            ttft_s: s.ttft_s,
+            prompt_tps: s.prompt_tps(),
+            decode_tok_s: s.decode_tok_s(),
+            finish_reason: Some(s.finish.label()),
+            ..Record::failed(request_id, endpoint, 200, None)
+        }
+    }
+
+    /// A request that failed before or in the engine.
+    pub fn failed(
+        request_id: &str,
+        endpoint: &'static str,
+        status: u16,
+        error_code: Option<&'static str>,
+    ) -> Self {
+        Record {
+            ts: now(),
+            request_id: request_id.to_owned(),
+            endpoint,
+            status,
+            error_code,
+            prompt_hash: None,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            new_prefill_tokens: 0,
+            completion_tokens: 0,
+            ttft_s: None,
+            prompt_tps: None,
+            decode_tok_s: None,
+            finish_reason: None,
+            cache_source: "none",
+            session_restore_mode: "cold",
+            cache_miss_reason: "new_session",
+        }
+    }
+}
+
+/// The log file, shared by the engine and the handlers.
+#[derive(Debug)]
+pub struct RequestLog {
+    path: PathBuf,
+    file: Mutex<RotatingFile>,
+}
+
+impl RequestLog {
+    pub fn new(path: &Path, rotation: Rotation) -> Self {
+        RequestLog {
+            path: path.to_path_buf(),
+            file: Mutex::new(RotatingFile::new(path, rotation)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `record`. A failing disk is reported in the server's log, never to the
+    /// client.
+    pub fn append(&self, record: &Record) {
+        let line = match serde_json::to_string(record) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("request log: {e}");
+                return;
+            }
+        };
+        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = f.write_line(&line) {
+            tracing::warn!("request log {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Where the log goes by default: `$MTPLX_HOME/logs/request-log-<port>.jsonl`.
+pub fn default_path(port: u16) -> PathBuf {
+    mtplx_model::store::mtplx_home()
+        .join("logs")
+        .join(format!("request-log-{port}.jsonl"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_one_json_object_per_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RequestLog::new(&dir.path().join("r.jsonl"), Rotation::default());
+        log.append(&Record::failed("a", "/v1/completions", 400, Some("x")));
+        log.append(&Record::failed("b", "/v1/completions", 401, None));
+        let text = std::fs::read_to_string(log.path()).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["status"], 400);
+        assert_eq!(lines[1]["request_id"], "b");
+        assert_eq!(lines[1]["session_restore_mode"], "cold");
+    }
+}

@@ -1,0 +1,117 @@
+//! Starting the server: load the model, bind, accept connections.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
+use mtplx_model::{Bundle, ModelError};
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::state::AppState;
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
+    let what = what.into();
+    move |source| ServeError::Io { what, source }
+}
+
+/// The model file to serve: `--model`, else the store's default (fetched if missing, with
+/// progress on stderr).
+pub async fn model_path(config: &Config) -> Result<PathBuf, ServeError> {
+    if let Some(p) = &config.model {
+        return Ok(p.clone());
+    }
+    let path = tokio::task::spawn_blocking(|| {
+        ModelStore::from_env().ensure(&DEFAULT_MODEL, &mut |line| eprintln!("{line}"))
+    })
+    .await
+    .map_err(|e| ServeError::Config(format!("model fetch panicked: {e}")))??;
+    Ok(path)
+}
+
+/// Loads the model, binds, prints the startup line and serves until Ctrl-C.
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    config.check().map_err(ServeError::Config)?;
+    let path = model_path(&config).await?;
+    let format = config.weight_format();
+    let load_path = path.clone();
+    let bundle = tokio::task::spawn_blocking(move || Bundle::load(&load_path, format))
+        .await
+        .map_err(|e| ServeError::Config(format!("model load panicked: {e}")))??;
+    let weight_bytes = bundle.model.weight_bytes();
+    let settings = config.settings();
+    let state = AppState::new(Arc::new(bundle), settings.clone()).map_err(io("engine thread"))?;
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(io(format!("bind {addr}")))?;
+    let local = listener.local_addr().map_err(io("local address"))?;
+    println!(
+        "mtplx serving {} ({}) on http://{local} | context {} tokens | weights {:.1} MiB ({:?}) | \
+         max active {} | request log {} | key {}",
+        state.model_id(),
+        path.display(),
+        state.context_window(),
+        weight_bytes as f64 / (1 << 20) as f64,
+        format,
+        settings.max_active_requests,
+        settings
+            .request_log
+            .as_ref()
+            .map_or_else(|| "off".to_string(), |p| p.display().to_string()),
+        if settings.api_key.is_some() { "required" } else { "off" },
+    );
+    run(listener, state, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+}
+
+/// Serves `state` on `listener` until `shutdown` completes. Connections already open keep
+/// running on their own tasks.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let app = crate::app::<hyper::body::Incoming>(state);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer): (_, SocketAddr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    continue;
+                }
+            },
+            () = &mut shutdown => return Ok(()),
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new();
+            if let Err(e) = conn.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(%peer, "connection: {e}");
+            }
+        });
+    }
+}

@@ -1,0 +1,143 @@
+//! What every handler shares: the model's text side, the engine, metrics, the request log
+//! and the limits.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mtplx_model::{Bundle, LanguageModel};
+
+use crate::engine::{Engine, EngineConfig};
+use crate::metrics::Metrics;
+use crate::request_log::{RequestLog, Rotation};
+
+/// Server settings that are not about sockets (see [`crate::Config`] for the flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Context window; `None` (or anything larger) means the model's own.
+    pub context_window: Option<usize>,
+    /// Generation requests in flight at once; more get a 503.
+    pub max_active_requests: usize,
+    pub prefill_chunk_tokens: usize,
+    /// `None` turns the request log off.
+    pub request_log: Option<PathBuf>,
+    pub request_log_rotation: Rotation,
+    /// When set, every route except `GET /health` needs it.
+    pub api_key: Option<String>,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Longest wait for a response to start.
+    pub request_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            context_window: None,
+            max_active_requests: 8,
+            prefill_chunk_tokens: 512,
+            request_log: None,
+            request_log_rotation: Rotation::default(),
+            api_key: None,
+            max_body_bytes: 16 << 20,
+            request_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The application state, cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    bundle: Arc<Bundle>,
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    log: Option<Arc<RequestLog>>,
+    settings: Settings,
+    context_window: usize,
+    started: u64,
+}
+
+impl AppState {
+    /// Starts an engine for `bundle`.
+    pub fn new(bundle: Arc<Bundle>, settings: Settings) -> std::io::Result<Self> {
+        let model_ctx = bundle.model.config().context_length;
+        let context_window = settings
+            .context_window
+            .map_or(model_ctx, |c| c.clamp(2, model_ctx));
+        let metrics = Arc::new(Metrics::default());
+        let log = settings
+            .request_log
+            .as_ref()
+            .map(|p| Arc::new(RequestLog::new(p, settings.request_log_rotation)));
+        let engine = Engine::spawn(
+            bundle.clone(),
+            EngineConfig {
+                context_window,
+                prefill_chunk_tokens: settings.prefill_chunk_tokens.max(1),
+                queue_capacity: settings.max_active_requests.max(1),
+            },
+            metrics.clone(),
+            log.clone(),
+        )?;
+        Ok(AppState {
+            inner: Arc::new(Inner {
+                bundle,
+                engine,
+                metrics,
+                log,
+                settings,
+                context_window,
+                started: crate::api::unix_now(),
+            }),
+        })
+    }
+
+    pub fn bundle(&self) -> &Bundle {
+        &self.inner.bundle
+    }
+
+    /// The served model's name.
+    pub fn model_id(&self) -> &str {
+        &self.inner.bundle.id
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    pub fn request_log(&self) -> Option<&RequestLog> {
+        self.inner.log.as_deref()
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The effective context window (the flag, capped by the model's).
+    pub fn context_window(&self) -> usize {
+        self.inner.context_window
+    }
+
+    /// Unix seconds when the server started.
+    pub fn started(&self) -> u64 {
+        self.inner.started
+    }
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("model", &self.model_id())
+            .field("context_window", &self.context_window())
+            .field("settings", self.settings())
+            .finish_non_exhaustive()
+    }
+}
