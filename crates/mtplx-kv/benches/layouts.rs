@@ -2,6 +2,9 @@
 //! 3 KV heads, head_dim 64, 9 query heads; `MTPLX_BENCH_LAYERS` overrides the layer count).
 //!
 //! - `decode_step`: one decode attention step, one query over every layer.
+//! - `decode_interleaved`: the same step for the three layouts in alternating rounds; prints
+//!   each layout's fastest round and the median per-round ratio to contiguous, which a
+//!   machine whose load drifts during the run skews far less than separate groups.
 //! - `prefill_append`: appending the whole context in 512-token chunks to an empty cache.
 //! - `snapshot`, `fork`: taking a snapshot; forking and appending one token to the fork.
 //! - `convert`: restoring a cache into another layout (`a->b`).
@@ -10,6 +13,7 @@
 //! layouts -- --warm-up-time 1 --measurement-time 3`.
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use mtplx_kv::{CacheFactory, KvCache, KvShape};
@@ -42,7 +46,9 @@ fn layouts() -> [(&'static str, CacheFactory); 3] {
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n as u32)
         .map(|i| {
-            let x = i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503));
+            let x = i
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed.wrapping_mul(40_503));
             (x >> 8) as f32 / (1u32 << 23) as f32 - 1.0
         })
         .collect()
@@ -88,6 +94,56 @@ fn decode_step(c: &mut Criterion) {
                 })
             });
         }
+    }
+    g.finish();
+}
+
+fn decode_interleaved(c: &mut Criterion) {
+    let shape = shape();
+    let q = values(Q_HEADS * shape.head_dim, 99);
+    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    let mut g = c.benchmark_group("decode_interleaved");
+    g.sample_size(10);
+    for ctx in CONTEXTS {
+        let caches = layouts().map(|(name, f)| (name, filled(&f, ctx)));
+        let mut out = vec![0f32; q.len()];
+        let mut rounds: Vec<[Duration; 3]> = Vec::new();
+        g.bench_function(BenchmarkId::from_parameter(ctx), |b| {
+            b.iter(|| {
+                let mut round = [Duration::ZERO; 3];
+                for (t, (_, cache)) in round.iter_mut().zip(&caches) {
+                    let start = Instant::now();
+                    for layer in 0..shape.layers {
+                        cache.attend(layer, &q, Q_HEADS, scale, &mut out).unwrap();
+                    }
+                    *t = start.elapsed();
+                }
+                rounds.push(round);
+                black_box(out[0])
+            })
+        });
+        if rounds.is_empty() {
+            continue; // filtered out
+        }
+        let best = |i: usize| rounds.iter().map(|r| r[i]).min().unwrap();
+        let median_ratio = |i: usize| {
+            let mut r: Vec<f64> = rounds
+                .iter()
+                .map(|r| r[i].as_secs_f64() / r[0].as_secs_f64())
+                .collect();
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        };
+        let mut line = format!("decode_interleaved/{ctx} ({} rounds):", rounds.len());
+        for (i, (name, _)) in caches.iter().enumerate() {
+            line += &format!(
+                " {name} best {:.2} ms, x{:.3} (best), x{:.3} (median of rounds);",
+                best(i).as_secs_f64() * 1e3,
+                best(i).as_secs_f64() / best(0).as_secs_f64(),
+                median_ratio(i)
+            );
+        }
+        println!("{line}");
     }
     g.finish();
 }
@@ -182,5 +238,12 @@ fn convert(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode_step, prefill_append, snapshot_and_fork, convert);
+criterion_group!(
+    benches,
+    decode_step,
+    decode_interleaved,
+    prefill_append,
+    snapshot_and_fork,
+    convert
+);
 criterion_main!(benches);

@@ -20,13 +20,15 @@ pub trait RowSource: Sync {
     fn k_row(&self, pos: usize) -> &[f32];
     fn v_row(&self, pos: usize) -> &[f32];
 
-    /// Rows `start..end` as back-to-back K and V slices (`(end - start)` rows each), when
-    /// the layout stores them that way. The kernel asks once per block of [`ATTN_BLOCK`]
-    /// positions and falls back to [`RowSource::k_row`] / [`RowSource::v_row`] on `None`.
-    /// Either way it performs the same arithmetic on the same values, so this is a speed
-    /// hint only: it can never change a result.
-    fn span(&self, start: usize, end: usize) -> Option<(&[f32], &[f32])> {
-        let _ = (start, end);
+    /// The K and V rows from `start` to the end of the stored run that holds `start`: rows
+    /// the layout keeps back to back (a contiguous layer, a paged block, a segment). The
+    /// kernel reads whole key blocks of [`ATTN_BLOCK`] inside a run as slices and asks
+    /// again after it; a block that straddles two runs, or a `None`, is read with
+    /// [`RowSource::k_row`] / [`RowSource::v_row`]. Either way the kernel performs the same
+    /// arithmetic on the same values, so this is a speed hint only: it never changes a
+    /// result.
+    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
+        let _ = start;
         None
     }
 }
@@ -139,27 +141,37 @@ fn attend_one<S: RowSource>(
     };
     let mut start = 0;
     while start <= pos {
-        let end = (start + ATTN_BLOCK).min(pos + 1);
-        let n = end - start;
-        match src.span(start, end) {
-            Some((ks, vs)) => {
-                debug_assert!(ks.len() >= n * row && vs.len() >= n * row);
+        // Whole blocks inside the run that holds `start`, read as slices.
+        if let Some((ks, vs)) = src.run(start) {
+            let (first, run_end) = (start, start + ks.len() / row);
+            while start <= pos {
+                let end = (start + ATTN_BLOCK).min(pos + 1);
+                if end > run_end {
+                    break;
+                }
+                let base = (start - first) * row + off;
                 st.block(
                     q,
-                    n,
+                    end - start,
                     scale,
-                    |j| &ks[j * row + off..j * row + off + hd],
-                    |j| &vs[j * row + off..j * row + off + hd],
+                    |j| &ks[base + j * row..base + j * row + hd],
+                    |j| &vs[base + j * row..base + j * row + hd],
                 );
+                start = end;
             }
-            None => st.block(
-                q,
-                n,
-                scale,
-                |j| &src.k_row(start + j)[off..off + hd],
-                |j| &src.v_row(start + j)[off..off + hd],
-            ),
+            if start > pos {
+                break;
+            }
         }
+        // A block across two runs (or a source without runs): row by row.
+        let end = (start + ATTN_BLOCK).min(pos + 1);
+        st.block(
+            q,
+            end - start,
+            scale,
+            |j| &src.k_row(start + j)[off..off + hd],
+            |j| &src.v_row(start + j)[off..off + hd],
+        );
         start = end;
     }
     let inv = 1.0 / st.l;
@@ -232,6 +244,64 @@ mod tests {
             for (a, b) in out.iter().zip(&want) {
                 assert!((*a as f64 - b).abs() < 1e-5, "pos {pos}: {a} vs {b}");
             }
+        }
+    }
+
+    /// The same rows, offered in runs (ragged against the blocks) or only row by row.
+    struct Runs<'a>(&'a [f32], &'a [f32], usize);
+    impl RowSource for Runs<'_> {
+        fn k_row(&self, pos: usize) -> &[f32] {
+            &self.0[pos * self.2..(pos + 1) * self.2]
+        }
+        fn v_row(&self, pos: usize) -> &[f32] {
+            &self.1[pos * self.2..(pos + 1) * self.2]
+        }
+        fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
+            // Runs of 21 rows, so blocks of 16 straddle them; none in the third run.
+            let (r, end) = (start / 21, (start / 21 + 1) * 21);
+            (r != 2).then(|| {
+                (
+                    &self.0[start * self.2..end * self.2],
+                    &self.1[start * self.2..end * self.2],
+                )
+            })
+        }
+    }
+
+    #[test]
+    fn runs_and_rows_give_the_same_bits_at_any_batch_size() {
+        let (kv_heads, hd, n) = (2, 12, 84);
+        let row = kv_heads * hd;
+        let val = |i: usize, s: f32| ((i * 13) as f32 * s).sin();
+        let k: Vec<f32> = (0..n * row).map(|i| val(i, 0.31)).collect();
+        let v: Vec<f32> = (0..n * row).map(|i| val(i, 0.17)).collect();
+        let rows = Rows {
+            k: k.chunks(row).map(<[f32]>::to_vec).collect(),
+            v: v.chunks(row).map(<[f32]>::to_vec).collect(),
+        };
+        let q_heads = 4;
+        let n_q = 20;
+        let q: Vec<f32> = (0..n_q * q_heads * hd).map(|i| val(i, 0.7) * 4.0).collect();
+        let g = |first_pos| AttnGeometry {
+            q_heads,
+            kv_heads,
+            head_dim: hd,
+            first_pos,
+            scale: 0.3,
+        };
+        let mut by_rows = vec![0f32; q.len()];
+        attend(&rows, &q, g(n - n_q), &mut by_rows);
+        let mut by_runs = vec![0f32; q.len()];
+        attend(&Runs(&k, &v, row), &q, g(n - n_q), &mut by_runs);
+        let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&by_rows), bits(&by_runs));
+        // Each query alone gives the bits it got inside the block.
+        let per_q = q_heads * hd;
+        for i in 0..n_q {
+            let mut one = vec![0f32; per_q];
+            let qi = &q[i * per_q..(i + 1) * per_q];
+            attend(&Runs(&k, &v, row), qi, g(n - n_q + i), &mut one);
+            assert_eq!(bits(&one), bits(&by_rows[i * per_q..(i + 1) * per_q]));
         }
     }
 

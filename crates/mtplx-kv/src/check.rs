@@ -5,7 +5,7 @@ use crate::{KvError, KvShape};
 
 /// The number of whole rows of `row_len` in `got` values.
 pub(crate) fn check_rows(what: &'static str, got: usize, row_len: usize) -> Result<usize, KvError> {
-    if got % row_len != 0 {
+    if !got.is_multiple_of(row_len) {
         return Err(KvError::RaggedRows { what, got, row_len });
     }
     Ok(got / row_len)
@@ -53,7 +53,7 @@ pub(crate) fn attend_geometry(
     if head_dim > MAX_HEAD_DIM {
         return Err(KvError::HeadDimTooLarge(head_dim));
     }
-    if q_heads == 0 || q_heads % kv_heads != 0 {
+    if q_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
         return Err(KvError::HeadMismatch { q_heads, kv_heads });
     }
     let n_q = check_rows("Q", q.len(), q_heads * head_dim)?;

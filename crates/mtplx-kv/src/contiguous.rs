@@ -8,7 +8,9 @@ use crate::{BufferId, KvCache, KvError, KvShape, KvView, LayoutKind};
 /// Per-layer contiguous K and V buffers, grown in chunks of positions.
 ///
 /// Shape: for each layer, `k` and `v` are `[len, kv_heads * head_dim]` row-major `f32`
-/// buffers with capacity rounded up to a multiple of `chunk_tokens` positions.
+/// buffers. When a buffer is full it grows to 1.5 times its capacity (or to what the append
+/// needs, if more), rounded up to a multiple of `chunk_tokens` positions; truncation keeps
+/// the capacity.
 ///
 /// # When to use
 /// The prefill layout and the simplest decode layout: rows of a layer sit back to back, so
@@ -44,8 +46,8 @@ impl RowSource for LayerSource<'_> {
         &self.rows.v[pos * self.row_len..(pos + 1) * self.row_len]
     }
     #[inline]
-    fn span(&self, start: usize, end: usize) -> Option<(&[f32], &[f32])> {
-        let r = start * self.row_len..end * self.row_len;
+    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
+        let r = start * self.row_len..self.rows.len * self.row_len;
         Some((&self.rows.k[r.clone()], &self.rows.v[r]))
     }
 }
@@ -148,7 +150,9 @@ impl KvCache for Contiguous {
         let live = rows.len * row;
         let need = live + k.len();
         if need > rows.k.capacity() {
-            let target = need.div_ceil(chunk) * chunk;
+            // Grow by half again (at least to `need`), in whole chunks: amortised O(1) per
+            // row, where growing by one chunk at a time would recopy the layer every chunk.
+            let target = need.max(rows.k.capacity() * 3 / 2).div_ceil(chunk) * chunk;
             rows.k.reserve_exact(target - rows.k.len());
             rows.v.reserve_exact(target - rows.v.len());
         }
@@ -219,6 +223,23 @@ mod tests {
         assert_eq!(c.logical_bytes(), 3 * shape().bytes_per_token());
         // One chunk of 4 positions per layer, K and V.
         assert_eq!(c.physical_bytes(), 2 * 2 * 4 * 2 * 4);
+    }
+
+    #[test]
+    fn grows_geometrically_in_whole_chunks() {
+        let mut c = Contiguous::new(shape(), 4);
+        let mut capacities = vec![];
+        for _ in 0..1000 {
+            c.append(0, &[1.0; 2], &[2.0; 2]).unwrap();
+            let cap = c.layers[0].k.capacity() / 2;
+            assert_eq!(cap % 4, 0, "whole chunks");
+            if capacities.last() != Some(&cap) {
+                capacities.push(cap);
+            }
+        }
+        // 1000 rows in 4-row chunks: 250 growths one chunk at a time, a handful by 1.5x.
+        assert!(capacities.len() <= 16, "{capacities:?}");
+        assert!(*capacities.last().unwrap() < 1500);
     }
 
     #[test]

@@ -3,13 +3,25 @@
 //! A model's attention writes keys and values through [`KvCache`] and asks the cache to
 //! attend for a block of queries: the layout owns the attention over its own storage, so a
 //! model never knows (or copies) how rows are laid out. A [`CacheFactory`] is how a caller
-//! says which layout it wants; restores build through it, never through a default.
+//! says which layout it wants; restores and conversions build through it, never through a
+//! default.
 //!
-//! This crate must not know about models, tensors libraries, files or HTTP: it stores `f32`
-//! rows and does arithmetic on them.
+//! | layout | storage | snapshot / fork | use for |
+//! | --- | --- | --- | --- |
+//! | [`Contiguous`] | one growing buffer per layer | copies the rows | prefill, one sequence |
+//! | [`Paged`] | fixed blocks from a shared [`BlockPool`] | shares blocks, copy-on-write | many sequences sharing prefixes |
+//! | [`Segmented`] | shared immutable segments + a tail | shares segments, O(segments) | snapshot every turn |
+//!
+//! Every layout runs the one kernel in [`attention`], which reduces keys in blocks aligned
+//! to absolute positions: the output for a query is bit-identical whichever layout holds the
+//! rows and however many queries are computed together. [`RecurrentState`] holds the
+//! convolution and SSM state of hybrid models, with the same cheap snapshots.
+//!
+//! This crate must not know about models, tensor libraries, files or HTTP, and does no I/O:
+//! it stores `f32` rows and does arithmetic on them.
 //!
 //! ```
-//! use mtplx_kv::{CacheFactory, KvCache, KvShape};
+//! use mtplx_kv::{CacheFactory, KvCache, KvShape, KvView};
 //!
 //! let shape = KvShape { layers: 1, kv_heads: 1, head_dim: 4 };
 //! let mut cache = CacheFactory::contiguous().new_cache(shape);
@@ -22,6 +34,21 @@
 //! cache.attend(0, &[0.0; 4], 1, 1.0, &mut out).unwrap();
 //! assert_eq!(out, [3.0, 4.0, 5.0, 6.0]); // equal scores: the mean of the two values
 //! assert_eq!(cache.len(), 2);
+//!
+//! // Convert to the segmented layout: same rows, same attention bits.
+//! let segmented = CacheFactory::segmented();
+//! let mut turn = segmented.restore(&*cache, cache.len()).unwrap();
+//! let mut again = [0.0; 4];
+//! turn.attend(0, &[0.0; 4], 1, 1.0, &mut again).unwrap();
+//! assert_eq!(again, out);
+//!
+//! // A snapshot shares the segments; the cache keeps growing without touching it.
+//! let snap = turn.snapshot();
+//! turn.append(0, &[0.0; 4], &[0.0; 4]).unwrap();
+//! assert_eq!((snap.len(), turn.len()), (2, 3));
+//! // Restoring the snapshot in the same layout copies no rows.
+//! let resumed = segmented.restore(&*snap, snap.len()).unwrap();
+//! assert_eq!(resumed.unique_bytes(), 0);
 //! ```
 
 pub mod attention;

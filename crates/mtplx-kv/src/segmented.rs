@@ -27,9 +27,9 @@ const MIN_TAIL_ROWS: usize = ATTN_BLOCK;
 /// cache's view of it without copying; truncating into a segment this cache owns alone
 /// truncates it in place and makes it the tail again.
 ///
-/// Attention runs the shared kernel over the segments in place: each block of
-/// [`ATTN_BLOCK`] keys is found with one binary search over the layer's segments and read
-/// as one slice unless it straddles a segment boundary.
+/// Attention runs the shared kernel over the segments in place: one binary search over the
+/// layer's segments per segment read, each block of [`ATTN_BLOCK`] keys read as one slice
+/// unless it straddles a segment boundary (then row by row).
 ///
 /// # When to use
 /// Conversations and agents that snapshot after every turn: a snapshot or restore costs
@@ -77,6 +77,41 @@ impl Segment {
     }
 }
 
+impl SegLayer {
+    /// The tail to write `incoming` rows into and the positions it can still take: the last
+    /// segment if this layer alone holds it and it has room, else a new one.
+    fn tail(&mut self, seg_tokens: usize, row: usize, incoming: usize) -> (&mut Segment, usize) {
+        // A segment ends at the next multiple of `seg_tokens` positions.
+        let limit = |start: usize| seg_tokens - start % seg_tokens;
+        let writable = match self.segs.last_mut() {
+            Some(s) if s.len < limit(s.start) => match Arc::get_mut(&mut s.rows) {
+                Some(rows) => {
+                    // Drop rows a shared past left beyond this cache's view.
+                    rows.k.truncate(s.len * row);
+                    rows.v.truncate(s.len * row);
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        };
+        if !writable {
+            let cap = incoming.max(MIN_TAIL_ROWS).min(limit(self.len)) * row;
+            self.segs.push(Segment {
+                start: self.len,
+                len: 0,
+                rows: Arc::new(Rows {
+                    k: Vec::with_capacity(cap),
+                    v: Vec::with_capacity(cap),
+                }),
+            });
+        }
+        let s = self.segs.last_mut().expect("a tail exists");
+        let room = limit(s.start) - s.len;
+        (s, room)
+    }
+}
+
 struct SegSource<'a> {
     segs: &'a [Segment],
     row_len: usize,
@@ -103,12 +138,9 @@ impl RowSource for SegSource<'_> {
         &s.rows.v[o..o + self.row_len]
     }
     #[inline]
-    fn span(&self, start: usize, end: usize) -> Option<(&[f32], &[f32])> {
+    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
         let s = self.find(start);
-        if end > s.end() {
-            return None;
-        }
-        let r = (start - s.start) * self.row_len..(end - s.start) * self.row_len;
+        let r = (start - s.start) * self.row_len..s.len * self.row_len;
         Some((&s.rows.k[r.clone()], &s.rows.v[r]))
     }
 }
@@ -223,42 +255,11 @@ impl KvView for Segmented {
 impl KvCache for Segmented {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = append_rows(self.shape, layer, k, v)?;
-        let row = self.shape.row_len();
+        let (row, seg_tokens) = (self.shape.row_len(), self.segment_tokens);
+        let l = &mut self.layers[layer];
         let mut done = 0;
         while done < n {
-            let seg_tokens = self.segment_tokens;
-            let limit = |start: usize| seg_tokens - start % seg_tokens;
-            let l = &mut self.layers[layer];
-            let len = l.len;
-            // The room left in a tail this cache may write, if it has one.
-            let room = match l.segs.last_mut() {
-                Some(s) if s.len < limit(s.start) => match Arc::get_mut(&mut s.rows) {
-                    Some(rows) => {
-                        rows.k.truncate(s.len * row);
-                        rows.v.truncate(s.len * row);
-                        limit(s.start) - s.len
-                    }
-                    None => 0,
-                },
-                _ => 0,
-            };
-            let room = if room > 0 {
-                room
-            } else {
-                let room = limit(len);
-                let cap = (n - done).max(MIN_TAIL_ROWS).min(room) * row;
-                let rows = Rows {
-                    k: Vec::with_capacity(cap),
-                    v: Vec::with_capacity(cap),
-                };
-                l.segs.push(Segment {
-                    start: len,
-                    len: 0,
-                    rows: Arc::new(rows),
-                });
-                room
-            };
-            let s = l.segs.last_mut().expect("a tail exists");
+            let (s, room) = l.tail(seg_tokens, row, n - done);
             let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
             let take = room.min(n - done);
             let need = (s.len + take) * row;
@@ -267,10 +268,9 @@ impl KvCache for Segmented {
                 rows.k.reserve_exact(grown - rows.k.len());
                 rows.v.reserve_exact(grown - rows.v.len());
             }
-            rows.k
-                .extend_from_slice(&k[done * row..(done + take) * row]);
-            rows.v
-                .extend_from_slice(&v[done * row..(done + take) * row]);
+            let src = done * row..(done + take) * row;
+            rows.k.extend_from_slice(&k[src.clone()]);
+            rows.v.extend_from_slice(&v[src]);
             s.len += take;
             l.len += take;
             done += take;

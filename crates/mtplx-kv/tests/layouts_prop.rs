@@ -251,7 +251,7 @@ fn check_attention(cfg: &Config, seq: &Seq, seed: u64) -> Result<(), TestCaseErr
         let n_q = 1 + (seed as usize + layer) % len.min(4);
         let q = rng.fill(
             n_q * q_heads * head_dim,
-            if seed % 3 == 0 { 8.0 } else { 1.0 },
+            if seed.is_multiple_of(3) { 8.0 } else { 1.0 },
         );
         let outs: Vec<Vec<f32>> = seq
             .caches

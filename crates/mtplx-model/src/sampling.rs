@@ -105,6 +105,29 @@ impl Distribution {
     }
 }
 
+impl Distribution {
+    /// The token at cumulative probability `u` in `[0, 1)` (inverse CDF, in list order).
+    pub fn invert(&self, u: f64) -> u32 {
+        let mut acc = 0f64;
+        for (t, p) in self.tokens.iter().zip(&self.probs) {
+            acc += *p as f64;
+            if u < acc {
+                return *t;
+            }
+        }
+        *self.tokens.last().expect("a distribution is never empty")
+    }
+}
+
+/// What the sampler will pick from at one position.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// Greedy: this token.
+    Token(u32),
+    /// Random: a draw from this distribution.
+    Dist(Distribution),
+}
+
 /// The most likely token, lowest id on ties.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -206,15 +229,7 @@ impl Rng {
 
     /// A token drawn from `dist`.
     pub fn draw(&mut self, dist: &Distribution) -> u32 {
-        let u = self.uniform();
-        let mut acc = 0f64;
-        for (t, p) in dist.tokens.iter().zip(&dist.probs) {
-            acc += *p as f64;
-            if u < acc {
-                return *t;
-            }
-        }
-        *dist.tokens.last().expect("a distribution is never empty")
+        dist.invert(self.uniform())
     }
 }
 
@@ -243,8 +258,8 @@ impl Sampler {
         Sampler::new(Sampling::Greedy, Penalties::default())
     }
 
-    /// Picks the next token from `logits` given the history.
-    pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> u32 {
+    /// What the next token is picked from, given the history (penalties applied).
+    pub fn target(&self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Target {
         let penalised;
         let logits = if self.penalties.is_neutral() {
             logits
@@ -255,11 +270,22 @@ impl Sampler {
             &penalised
         };
         match self.sampling {
-            Sampling::Greedy => argmax(logits),
-            Sampling::Random(r) => {
-                let dist = r.distribution(logits);
-                self.rng.draw(&dist)
-            }
+            Sampling::Greedy => Target::Token(argmax(logits)),
+            Sampling::Random(r) => Target::Dist(r.distribution(logits)),
+        }
+    }
+
+    /// The sampler's random stream. Plain decoding takes exactly one uniform per random
+    /// token, so a speculative decoder that does the same yields the same tokens.
+    pub fn rng(&mut self) -> &mut Rng {
+        &mut self.rng
+    }
+
+    /// Picks the next token from `logits` given the history.
+    pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> u32 {
+        match self.target(logits, prompt, generated) {
+            Target::Token(t) => t,
+            Target::Dist(d) => self.rng.draw(&d),
         }
     }
 }

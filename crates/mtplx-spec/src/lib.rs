@@ -1,9 +1,35 @@
-//! mtplx-spec: speculative decoding.
+//! mtplx-spec: speculative decoding whose output is exactly the model's own.
 //!
-//! Its job (issue 7): proposers (an MTP head, prompt lookup, a draft model) draft k tokens;
-//! the model verifies them in one forward pass; greedy and sampled acceptance keep the
-//! output exactly the model's own; rollback trims the KV to the accepted length.
+//! A [`Proposer`] guesses the next few tokens (prompt lookup, a draft model; an MTP head is
+//! being added); [`SpecDecoder`] runs the newest token and the draft through the model in
+//! one forward pass (k + 1 rows), keeps the longest acceptable prefix plus one token of the
+//! model's own, and trims the KV cache back to what was kept. A [`DepthPolicy`] decides how
+//! far to draft.
 //!
-//! It must not know HTTP, sessions or the SSD tier.
+//! This crate must not know HTTP, sessions, the bank or the SSD tier.
 //!
-//! Not built yet: this crate is an empty placeholder in the workspace until issue 7 lands.
+//! ```
+//! use mtplx_spec::{Proposer, DraftContext, PromptLookup};
+//!
+//! // "… the cat sat … the cat" drafts "sat".
+//! let mut lookup = PromptLookup::default();
+//! let tokens = [5, 6, 7, 9, 5, 6];
+//! let draft = lookup.propose(&DraftContext { tokens: &tokens, max_len: 1 }).unwrap();
+//! assert_eq!(draft.tokens, [7]);
+//! ```
+
+mod decoder;
+mod draft_model;
+mod error;
+mod lookup;
+mod policy;
+mod proposer;
+mod stats;
+
+pub use decoder::{generate, SpecDecoder, StepOutcome};
+pub use draft_model::{DraftModel, DraftSampling};
+pub use error::{Result, SpecError};
+pub use lookup::PromptLookup;
+pub use policy::{Acceptance, DepthPolicy};
+pub use proposer::{Draft, DraftContext, Proposer};
+pub use stats::SpecStats;

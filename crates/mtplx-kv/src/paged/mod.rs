@@ -46,6 +46,7 @@ struct PagedLayer {
 
 struct PagedSource<'a> {
     blocks: &'a [Arc<Block>],
+    len: usize,
     block_tokens: usize,
     row_len: usize,
 }
@@ -64,14 +65,11 @@ impl RowSource for PagedSource<'_> {
         &b.v()[o..o + self.row_len]
     }
     #[inline]
-    fn span(&self, start: usize, end: usize) -> Option<(&[f32], &[f32])> {
+    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
         let bi = start / self.block_tokens;
-        if (end - 1) / self.block_tokens != bi {
-            return None;
-        }
+        let filled = (self.len - bi * self.block_tokens).min(self.block_tokens);
         let b = &self.blocks[bi];
-        let r = (start % self.block_tokens) * self.row_len
-            ..(end - bi * self.block_tokens) * self.row_len;
+        let r = (start % self.block_tokens) * self.row_len..filled * self.row_len;
         Some((&b.k()[r.clone()], &b.v()[r]))
     }
 }
@@ -244,6 +242,7 @@ impl KvCache for Paged {
         let g = attend_geometry(self.shape, l.len, q, q_heads, scale, out)?;
         let src = PagedSource {
             blocks: &l.blocks,
+            len: l.len,
             block_tokens: self.block_tokens,
             row_len: self.shape.row_len(),
         };
@@ -331,17 +330,20 @@ mod tests {
     }
 
     #[test]
-    fn span_covers_one_block_only() {
+    fn runs_end_at_block_boundaries() {
         let pool = BlockPool::new();
         let mut a = Paged::new(shape(), 4, pool);
         a.append(0, &rows(8, 0.0), &rows(8, 0.0)).unwrap();
         let src = PagedSource {
             blocks: &a.layers[0].blocks,
+            len: 7,
             block_tokens: 4,
             row_len: 2,
         };
-        assert_eq!(src.span(4, 8).unwrap().0, &rows(8, 0.0)[8..16]);
-        assert!(src.span(2, 6).is_none());
+        assert_eq!(src.run(0).unwrap().0, &rows(8, 0.0)[..8]);
+        // The last block ends at the cache length, not the block size.
+        assert_eq!(src.run(4).unwrap().0, &rows(8, 0.0)[8..14]);
+        assert_eq!(src.run(5).unwrap().0, &rows(8, 0.0)[10..14]);
         assert_eq!(src.k_row(5), &[10.0, 11.0]);
     }
 }

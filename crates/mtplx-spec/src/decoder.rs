@@ -1,0 +1,247 @@
+//! The speculative decoding loop: draft, verify in one forward pass, accept, roll back.
+
+use std::time::Instant;
+
+use mtplx_kv::KvCache;
+use mtplx_model::sampling::{Distribution, Sampler, Target};
+use mtplx_model::{prefill, LanguageModel, ModelError, Want};
+
+use crate::error::Result;
+use crate::policy::DepthPolicy;
+use crate::proposer::{Draft, DraftContext, Proposer};
+use crate::stats::SpecStats;
+
+/// A generation in progress with speculation.
+///
+/// The cache always holds the K/V of every token but the newest, which is run through the
+/// model at the start of the next verify block (`[newest, d1 … dk]`, k + 1 rows).
+///
+/// Acceptance keeps the output exactly the model's own:
+/// - greedy: a draft token is accepted while it equals the model's argmax;
+/// - sampling with a deterministic draft: the model's own token is drawn with the same
+///   single uniform plain decoding would use, and the draft is accepted when it matches, so
+///   the tokens are identical to plain sampling with the same seed;
+/// - sampling with a random draft (`q` known): accepted with probability `min(1, p/q)`, on
+///   rejection a token is drawn from the normalised `(p − q)+`; lossless in distribution.
+pub struct SpecDecoder<'a> {
+    model: &'a dyn LanguageModel,
+    cache: &'a mut dyn KvCache,
+    sampler: Sampler,
+    prompt_len: usize,
+    tokens: Vec<u32>,
+    pub stats: SpecStats,
+}
+
+impl<'a> SpecDecoder<'a> {
+    /// Prefills `prompt` (the part the cache does not hold) and samples the first token.
+    pub fn new(
+        model: &'a dyn LanguageModel,
+        cache: &'a mut dyn KvCache,
+        prompt: &[u32],
+        mut sampler: Sampler,
+        chunk: usize,
+    ) -> Result<Self> {
+        if prompt.is_empty() {
+            return Err(ModelError::EmptyInput.into());
+        }
+        let reuse = cache.len().min(prompt.len() - 1);
+        cache.truncate(reuse);
+        let out = prefill(model, &prompt[reuse..], cache, chunk)?;
+        let first = sampler.sample(out.last_logits(), prompt, &[]);
+        let mut tokens = prompt.to_vec();
+        tokens.push(first);
+        Ok(SpecDecoder {
+            model,
+            cache,
+            sampler,
+            prompt_len: prompt.len(),
+            tokens,
+            stats: SpecStats::default(),
+        })
+    }
+
+    /// Tokens generated so far (the first one is sampled by [`SpecDecoder::new`]).
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Room left in the context window (tokens).
+    fn room(&self) -> usize {
+        self.model.config().context_length.saturating_sub(self.tokens.len())
+    }
+
+    /// One step: draft up to `depth` tokens, verify them, and append what is accepted plus
+    /// one token from the model (at most `max_emit` tokens, cut after the first token for
+    /// which `is_stop` holds).
+    pub fn step(
+        &mut self,
+        proposer: &mut dyn Proposer,
+        depth: usize,
+        max_emit: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<StepOutcome> {
+        if max_emit == 0 || self.room() == 0 {
+            return Ok(StepOutcome::default());
+        }
+        // Never draft past the context window or what the caller will take.
+        let k = depth.min(self.room() - 1).min(max_emit - 1);
+        let mut draft = if k > 0 {
+            proposer.propose(&DraftContext {
+                tokens: &self.tokens,
+                max_len: k,
+            })?
+        } else {
+            Draft::default()
+        };
+        draft.tokens.truncate(k);
+        if let Some(d) = draft.dists.as_mut() {
+            d.truncate(k);
+        }
+        let k = draft.len();
+
+        let old_len = self.tokens.len();
+        let mut input = Vec::with_capacity(k + 1);
+        input.push(self.tokens[old_len - 1]);
+        input.extend_from_slice(&draft.tokens);
+        let out = self.model.forward(&input, self.cache, Want::All)?;
+
+        let mut emitted = Vec::with_capacity(k + 1);
+        for i in 0..=k {
+            let mut history = self.tokens[self.prompt_len..].to_vec();
+            history.extend_from_slice(&emitted);
+            let target =
+                self.sampler
+                    .target(out.logits_row(i), &self.tokens[..self.prompt_len], &history);
+            if i == k {
+                emitted.push(self.pick(target));
+                if k > 0 {
+                    self.stats.bonus_tokens += 1;
+                }
+                break;
+            }
+            let d = draft.tokens[i];
+            let q = draft.dists.as_ref().map(|q| &q[i]);
+            match self.judge(target, d, q) {
+                Verdict::Accept => emitted.push(d),
+                Verdict::Replace(t) => {
+                    emitted.push(t);
+                    self.stats.correction_tokens += 1;
+                    break;
+                }
+            }
+        }
+        let accepted = emitted.len() - 1;
+        if k > 0 {
+            self.stats.verify_calls += 1;
+            self.stats.record(k, accepted);
+        } else {
+            self.stats.plain_steps += 1;
+        }
+
+        let mut cut = emitted.len().min(max_emit);
+        if let Some(s) = emitted[..cut].iter().position(|&t| is_stop(t)) {
+            cut = s + 1;
+        }
+        // The cache holds tokens[..old_len] and the k drafts; keep what precedes the newest
+        // appended token.
+        self.cache.truncate(old_len + cut - 1);
+        self.tokens.extend_from_slice(&emitted[..cut]);
+        Ok(StepOutcome {
+            appended: cut,
+            drafted: k,
+            accepted,
+        })
+    }
+
+    fn pick(&mut self, target: Target) -> u32 {
+        match target {
+            Target::Token(t) => t,
+            Target::Dist(p) => self.sampler.rng().draw(&p),
+        }
+    }
+
+    fn judge(&mut self, target: Target, draft: u32, q: Option<&Distribution>) -> Verdict {
+        match (target, q) {
+            (Target::Token(t), _) => accept_if(t, draft),
+            (Target::Dist(p), None) => accept_if(self.sampler.rng().draw(&p), draft),
+            (Target::Dist(p), Some(q)) => {
+                let (pd, qd) = (p.prob(draft) as f64, q.prob(draft) as f64);
+                let r = self.sampler.rng().uniform();
+                if qd > 0.0 && r < (pd / qd).min(1.0) {
+                    return Verdict::Accept;
+                }
+                Verdict::Replace(self.sampler.rng().draw(&residual(&p, q)))
+            }
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepOutcome {
+    /// Tokens appended to the generation.
+    pub appended: usize,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+enum Verdict {
+    Accept,
+    Replace(u32),
+}
+
+fn accept_if(model_token: u32, draft: u32) -> Verdict {
+    if model_token == draft {
+        Verdict::Accept
+    } else {
+        Verdict::Replace(model_token)
+    }
+}
+
+/// The normalised positive part of `p − q` (over `p`'s support; `p` itself if empty).
+fn residual(p: &Distribution, q: &Distribution) -> Distribution {
+    let mut tokens = Vec::new();
+    let mut probs = Vec::new();
+    for (&t, &pt) in p.tokens.iter().zip(&p.probs) {
+        let r = pt - q.prob(t);
+        if r > 0.0 {
+            tokens.push(t);
+            probs.push(r);
+        }
+    }
+    let z: f32 = probs.iter().sum();
+    if tokens.is_empty() || z <= 0.0 {
+        return p.clone();
+    }
+    probs.iter_mut().for_each(|v| *v /= z);
+    Distribution { tokens, probs }
+}
+
+/// Runs speculative generation to `max_new` tokens or a stop token, with a depth policy.
+pub fn generate(
+    decoder: &mut SpecDecoder<'_>,
+    proposer: &mut dyn Proposer,
+    policy: &mut DepthPolicy,
+    max_new: usize,
+    is_stop: &dyn Fn(u32) -> bool,
+) -> Result<()> {
+    while decoder.generated().len() < max_new {
+        if decoder.generated().last().is_some_and(|&t| is_stop(t)) {
+            break;
+        }
+        let start = Instant::now();
+        let left = max_new - decoder.generated().len();
+        let step = decoder.step(proposer, policy.depth(), left, is_stop)?;
+        if step.appended == 0 {
+            break;
+        }
+        policy.observe(step.drafted, step.accepted, start.elapsed().as_secs_f64());
+    }
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! A smaller model that shares the tokenizer drafts for the bigger one.
+
+use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_model::sampling::{argmax, Distribution, RandomSampling, Rng};
+use mtplx_model::{LanguageModel, Want};
+
+use crate::error::Result;
+use crate::proposer::{Draft, DraftContext, Proposer};
+
+/// How the draft model picks its tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DraftSampling {
+    /// Its argmax: a deterministic draft, verified by sample-and-compare.
+    Greedy,
+    /// Draws from its own distribution: verified by the `min(1, p/q)` ratio test.
+    Random(RandomSampling),
+}
+
+/// Drafts with its own model and its own KV cache, kept in step with the context: only the
+/// tokens it has not seen are run through it.
+pub struct DraftModel<M: LanguageModel> {
+    model: M,
+    cache: Box<dyn KvCache>,
+    /// The tokens whose K/V the cache holds.
+    seen: Vec<u32>,
+    sampling: DraftSampling,
+    rng: Rng,
+}
+
+impl<M: LanguageModel> DraftModel<M> {
+    pub fn new(model: M, factory: &CacheFactory, sampling: DraftSampling) -> Self {
+        let cache = factory.new_cache(model.config().kv_shape());
+        let seed = match sampling {
+            DraftSampling::Random(r) => r.seed,
+            DraftSampling::Greedy => 0,
+        };
+        DraftModel {
+            model,
+            cache,
+            seen: Vec::new(),
+            sampling,
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// Brings the cache to `tokens[..len-1]` and returns the logits after `tokens`.
+    fn sync(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let common = self
+            .seen
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len() - 1);
+        self.cache.truncate(common);
+        self.seen.truncate(common);
+        let out = self
+            .model
+            .forward(&tokens[common..], self.cache.as_mut(), Want::Last)?;
+        self.seen.extend_from_slice(&tokens[common..]);
+        Ok(out.last_logits().to_vec())
+    }
+}
+
+impl<M: LanguageModel> Proposer for DraftModel<M> {
+    fn name(&self) -> &'static str {
+        "draft_model"
+    }
+
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {
+        if ctx.tokens.is_empty() || ctx.max_len == 0 {
+            return Ok(Draft::default());
+        }
+        let room = self.model.config().context_length.saturating_sub(ctx.tokens.len());
+        let k = ctx.max_len.min(room);
+        let mut logits = self.sync(ctx.tokens)?;
+        let mut draft = Draft {
+            tokens: Vec::with_capacity(k),
+            dists: matches!(self.sampling, DraftSampling::Random(_)).then(Vec::new),
+        };
+        for i in 0..k {
+            let t = match self.sampling {
+                DraftSampling::Greedy => argmax(&logits),
+                DraftSampling::Random(r) => {
+                    let q: Distribution = r.distribution(&logits);
+                    let t = self.rng.draw(&q);
+                    draft.dists.as_mut().expect("random drafts carry q").push(q);
+                    t
+                }
+            };
+            draft.tokens.push(t);
+            if i + 1 < k {
+                let out = self.model.forward(&[t], self.cache.as_mut(), Want::Last)?;
+                self.seen.push(t);
+                logits = out.last_logits().to_vec();
+            }
+        }
+        Ok(draft)
+    }
+}

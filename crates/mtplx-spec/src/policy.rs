@@ -1,0 +1,167 @@
+//! How many tokens to draft next.
+
+/// A depth policy: asked before each verify step, told what happened after it.
+#[derive(Debug, Clone)]
+pub enum DepthPolicy {
+    /// Always draft this many.
+    Fixed(usize),
+    /// Grow by one after a fully accepted draft, fall back to just past the first rejection.
+    Streak { depth: usize, max: usize },
+    /// Maximise expected tokens per step, `1 + p1 + p1·p2 + …`, minus a fixed cost per drafted
+    /// token, with per-depth acceptance rates tracked as moving averages.
+    ExpectedValue(Acceptance),
+    /// Maximise expected tokens per unit of measured step time, with EMAs of step time per
+    /// depth.
+    Cost { accept: Acceptance, step_secs: Vec<Option<f64>> },
+}
+
+/// Moving averages of the acceptance rate at each depth (given the previous was accepted).
+#[derive(Debug, Clone)]
+pub struct Acceptance {
+    rates: Vec<f64>,
+    alpha: f64,
+}
+
+impl Acceptance {
+    /// Priors from the original: 0.92, 0.64, 0.32, then halving.
+    pub fn with_priors(max_depth: usize) -> Self {
+        let mut rates = vec![0.92, 0.64, 0.32];
+        while rates.len() < max_depth {
+            let last = *rates.last().expect("non-empty");
+            rates.push(last / 2.0);
+        }
+        rates.truncate(max_depth.max(1));
+        Acceptance { rates, alpha: 0.1 }
+    }
+
+    pub fn max_depth(&self) -> usize {
+        self.rates.len()
+    }
+
+    /// Expected tokens from one step at `depth`: `1 + p1 + p1·p2 + …`.
+    pub fn expected_tokens(&self, depth: usize) -> f64 {
+        let mut reach = 1.0;
+        let mut total = 1.0;
+        for r in self.rates.iter().take(depth) {
+            reach *= r;
+            total += reach;
+        }
+        total
+    }
+
+    /// Records a step that drafted `drafted` tokens and accepted the first `accepted`.
+    pub fn observe(&mut self, drafted: usize, accepted: usize) {
+        for (i, r) in self.rates.iter_mut().enumerate().take(drafted) {
+            if i > accepted {
+                break; // never reached
+            }
+            let hit = if i < accepted { 1.0 } else { 0.0 };
+            *r += self.alpha * (hit - *r);
+        }
+    }
+}
+
+/// A draft token costs this fraction of a decode step when time is not measured.
+const DRAFT_COST: f64 = 0.15;
+
+impl DepthPolicy {
+    pub fn fixed(depth: usize) -> Self {
+        DepthPolicy::Fixed(depth)
+    }
+
+    /// The depth to draft next.
+    pub fn depth(&self) -> usize {
+        match self {
+            DepthPolicy::Fixed(d) => *d,
+            DepthPolicy::Streak { depth, .. } => *depth,
+            DepthPolicy::ExpectedValue(a) => (0..=a.max_depth())
+                .map(|d| (d, a.expected_tokens(d) / (1.0 + DRAFT_COST * d as f64)))
+                .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
+                .0,
+            DepthPolicy::Cost { accept, step_secs } => {
+                // Explore any depth never timed; then pick the best tokens per second.
+                if let Some(d) = step_secs.iter().position(Option::is_none) {
+                    return d;
+                }
+                (0..step_secs.len())
+                    .map(|d| {
+                        let t = step_secs[d].expect("all timed");
+                        (d, accept.expected_tokens(d) / t.max(1e-9))
+                    })
+                    .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
+                    .0
+            }
+        }
+    }
+
+    /// Records the outcome of a step at `drafted` depth that took `secs`.
+    pub fn observe(&mut self, drafted: usize, accepted: usize, secs: f64) {
+        match self {
+            DepthPolicy::Fixed(_) => {}
+            DepthPolicy::Streak { depth, max } => {
+                *depth = if drafted > 0 && accepted == drafted {
+                    (*depth + 1).min(*max)
+                } else {
+                    (accepted + 1).min(*max)
+                };
+            }
+            DepthPolicy::ExpectedValue(a) => a.observe(drafted, accepted),
+            DepthPolicy::Cost { accept, step_secs } => {
+                accept.observe(drafted, accepted);
+                if let Some(slot) = step_secs.get_mut(drafted) {
+                    *slot = Some(match *slot {
+                        Some(prev) => prev + 0.2 * (secs - prev),
+                        None => secs,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The cost policy up to `max_depth`.
+    pub fn cost(max_depth: usize) -> Self {
+        DepthPolicy::Cost {
+            accept: Acceptance::with_priors(max_depth),
+            step_secs: vec![None; max_depth + 1],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streak_grows_and_falls_back() {
+        let mut p = DepthPolicy::Streak { depth: 2, max: 4 };
+        p.observe(2, 2, 0.0);
+        assert_eq!(p.depth(), 3);
+        p.observe(3, 0, 0.0);
+        assert_eq!(p.depth(), 1);
+    }
+
+    #[test]
+    fn expected_value_backs_off_when_drafts_fail() {
+        let mut p = DepthPolicy::ExpectedValue(Acceptance::with_priors(3));
+        // With the priors, depth 2 gives the most tokens per unit of cost.
+        assert_eq!(p.depth(), 2);
+        for _ in 0..60 {
+            p.observe(3, 0, 0.0);
+        }
+        assert_eq!(p.depth(), 0);
+    }
+
+    #[test]
+    fn cost_explores_then_prefers_the_fastest_tokens_per_second() {
+        let mut p = DepthPolicy::cost(2);
+        for d in 0..3 {
+            assert_eq!(p.depth(), d);
+            // Depth 2 is as cheap as plain decoding and always accepted.
+            p.observe(d, d, if d == 1 { 3.0 } else { 1.0 });
+        }
+        for _ in 0..20 {
+            p.observe(2, 2, 1.0);
+        }
+        assert_eq!(p.depth(), 2);
+    }
+}

@@ -1,0 +1,43 @@
+//! The proposer trait: anything that guesses the next few tokens.
+
+use mtplx_model::sampling::Distribution;
+
+use crate::error::Result;
+
+/// What a proposer sees.
+pub struct DraftContext<'a> {
+    /// Every token so far: prompt, generated, and the newest token (not yet verified by the
+    /// model: the first draft continues after it).
+    pub tokens: &'a [u32],
+    /// At most this many tokens may be drafted.
+    pub max_len: usize,
+}
+
+/// Guessed tokens, and how they were guessed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Draft {
+    pub tokens: Vec<u32>,
+    /// For a stochastic proposer, the distribution each token was drawn from (`q`), one per
+    /// token. `None` for deterministic drafts (prompt lookup, greedy drafting), which are
+    /// verified by sampling the model's own token and comparing.
+    pub dists: Option<Vec<Distribution>>,
+}
+
+impl Draft {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Guesses continuations for the verifier to check.
+pub trait Proposer {
+    /// A short name for stats and logs (`mtp`, `lookup`, `draft_model`).
+    fn name(&self) -> &'static str;
+
+    /// Drafts up to `ctx.max_len` tokens after `ctx.tokens` (fewer, or none, is fine).
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft>;
+}

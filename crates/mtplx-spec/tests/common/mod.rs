@@ -1,0 +1,48 @@
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use mtplx_kv::{CacheFactory, KvCache, KvView};
+use mtplx_model::{Model, WeightFormat};
+
+pub fn tiny(arch: &str) -> Model {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(arch);
+    Model::load(&dir, WeightFormat::F32).unwrap()
+}
+
+pub fn default_path() -> PathBuf {
+    let path = std::env::var_os("MTPLX_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
+    });
+    assert!(path.exists(), "default model missing at {}: cargo xtask fetch-model", path.display());
+    path
+}
+
+pub fn default_model() -> Model {
+    Model::load(&default_path(), WeightFormat::F32).unwrap()
+}
+
+pub fn default_bundle() -> mtplx_model::Bundle {
+    mtplx_model::Bundle::load(&default_path(), WeightFormat::F32).unwrap()
+}
+
+pub fn cache(model: &Model) -> Box<dyn KvCache> {
+    use mtplx_model::LanguageModel;
+    CacheFactory::contiguous().new_cache(model.config().kv_shape())
+}
+
+/// Every K and V value of every layer, as bits.
+pub fn kv_bits(cache: &dyn KvView) -> Vec<u32> {
+    let shape = cache.shape();
+    let n = cache.len();
+    let mut all = Vec::new();
+    for layer in 0..shape.layers {
+        let mut k = vec![0f32; n * shape.row_len()];
+        let mut v = vec![0f32; n * shape.row_len()];
+        cache.read_rows(layer, 0..n, &mut k, &mut v).unwrap();
+        all.extend(k.iter().chain(&v).map(|x| x.to_bits()));
+    }
+    all
+}
