@@ -1,1 +1,56 @@
-//! mtplx-cold: see ARCHITECTURE.md.
+//! mtplx-cold: the SSD cold tier.
+//!
+//! Stores conversation states (K/V rows, recurrent checkpoints, last-position and MTP
+//! state) on disk, content-addressed in 256-token blocks so a shared prefix is stored once,
+//! and restores them at close to the disk's read bandwidth into whatever layout the caller
+//! builds. It knows nothing of tensors, tokio, HTTP or the model: entries are plain
+//! descriptors ([`SpillEntry`], [`KvSource`], [`KvSink`]).
+//!
+//! The bank uses it through [`ColdIndex`]: [`ColdIndex::lookup`] ranks candidates from the
+//! manifest alone (no blob is read), [`ColdIndex::restore`] reads only the blocks up to
+//! the restore point and checks every checksum, [`ColdIndex::spill`] queues a write for the
+//! background writer.
+//!
+//! On disk (byte layouts in `docs/cold-format.md`): `blobs/` holds one file per KV block
+//! or state blob, named by its blake3 key, each with a 256-byte header and a checksum;
+//! `manifest.redb` (redb) holds the entries and indexes. A write is blobs first (temp file,
+//! fsync, rename, fsync the directory), then one manifest transaction; open reconciles
+//! whatever a crash left.
+//!
+//! # Invariants
+//! - A restore either delivers exactly the rows that were written, or fails with a named
+//!   miss ([`MissReason`]); it never delivers other bytes.
+//! - A lookup never opens a blob.
+//! - A state is never offered under another [`Identity`]: every key derives from its digest.
+
+mod budget;
+pub mod codec;
+mod entry;
+mod error;
+mod identity;
+mod index;
+mod key;
+mod manifest;
+mod payload;
+pub mod storage;
+mod store;
+mod writer;
+
+pub use budget::{default_cap, physical_ram, ColdConfig, GIB};
+pub use entry::SpillEntry;
+pub use error::{Error, ManifestError, OpenError, ReadError, RestoreErrorKind, WriteError};
+pub use identity::{Identity, IdentityDigest, Mtp};
+pub use index::{
+    ColdCandidate, ColdIndex, ColdLookup, ColdOff, ColdQuery, EntryId, MatchKind, MissReason,
+    RestoreReport,
+};
+pub use key::{
+    block_keys, blocks_for, full_block_keys, BlockKey, StateKey, TokenHash, BLOCK_TOKENS,
+    FORMAT_VERSION,
+};
+pub use payload::{
+    BoxError, F32Buffer, KvGeometry, KvRows, KvSink, KvSource, NamedBytes, Recurrent,
+    RecurrentCheckpoint, TailState,
+};
+pub use store::{ColdStore, OpenReport, Usage};
+pub use writer::{ForegroundGuard, SpillTicket};

@@ -1,0 +1,214 @@
+//! What the bank sees: the [`ColdIndex`] trait, its candidates and its named misses.
+
+use std::fmt;
+
+use crate::error::{ReadError, RestoreErrorKind, WriteError};
+use crate::identity::{Identity, IdentityDigest};
+use crate::payload::KvSink;
+use crate::writer::SpillTicket;
+use crate::SpillEntry;
+
+/// A stored entry's id in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryId(pub u64);
+
+/// A lookup: which stored state best covers `prompt` under `identity`.
+#[derive(Debug, Clone, Copy)]
+pub struct ColdQuery<'a> {
+    pub identity: &'a Identity,
+    pub prompt: &'a [u32],
+    /// The lowest restore point the caller accepts for a hybrid entry (one with recurrent
+    /// state): a hybrid row whose newest checkpoint at or below the match lies below it is
+    /// refused as [`MissReason::BoundaryBelowFloor`]. 0 accepts any checkpoint.
+    pub floor: usize,
+}
+
+/// How a candidate matches the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatchKind {
+    /// The entry's tokens are a prefix of the prompt (`ssd_clone`).
+    ExactPrefix,
+    /// The prompt shares the entry's first `covered / 256` blocks
+    /// (`ssd_block_prefix_boundary_clone`).
+    BlockPrefix,
+}
+
+/// A stored state that can serve a prompt, described from the manifest alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColdCandidate {
+    pub entry: EntryId,
+    pub kind: MatchKind,
+    pub identity: IdentityDigest,
+    /// Prompt tokens the entry matches.
+    pub covered: usize,
+    /// Tokens a restore delivers: `covered` for an attention-only entry, the newest
+    /// checkpoint at or below `covered` for a hybrid one.
+    pub restore_point: usize,
+    /// The entry's own length.
+    pub entry_tokens: usize,
+    /// Recurrent checkpoint positions; `None` for an attention-only entry.
+    pub checkpoints: Option<Vec<u32>>,
+    /// Whether a restore delivers the entry's tail state (restore point = entry length).
+    pub tail: bool,
+    /// Bytes a restore at `restore_point` reads from disk.
+    pub read_bytes: u64,
+}
+
+/// Both answers to a lookup; the bank ranks them with its RAM candidates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColdLookup {
+    pub exact: Result<ColdCandidate, MissReason>,
+    pub block: Result<ColdCandidate, MissReason>,
+}
+
+impl ColdLookup {
+    pub fn miss(reason: MissReason) -> ColdLookup {
+        ColdLookup {
+            exact: Err(reason),
+            block: Err(reason),
+        }
+    }
+
+    /// The candidate with the highest restore point (the exact one on a tie), or the most
+    /// specific miss reason.
+    pub fn best(&self) -> Result<&ColdCandidate, MissReason> {
+        match (&self.exact, &self.block) {
+            (Ok(e), Ok(b)) if b.restore_point > e.restore_point => Ok(b),
+            (Ok(e), _) => Ok(e),
+            (Err(_), Ok(b)) => Ok(b),
+            (Err(e), Err(b)) => Err(if b.rank() > e.rank() { *b } else { *e }),
+        }
+    }
+}
+
+/// Why the cold tier has nothing to offer; `Display` gives the names the original's users
+/// know (`ssd_prefix_miss`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MissReason {
+    /// No cold tier configured.
+    CacheOff,
+    /// Nothing stored under this identity (or an empty prompt).
+    EmptyLookup,
+    /// Entries exist under this identity, none is a prefix of the prompt.
+    PrefixMiss,
+    /// The matching entry was written by another format version or geometry.
+    FormatMismatch,
+    /// The entry or one of its blobs is gone.
+    PayloadMissing,
+    /// Reading the entry failed.
+    RestoreError(RestoreErrorKind),
+    /// A hybrid entry matches, but its newest checkpoint at or below the match lies below
+    /// the caller's floor.
+    BoundaryBelowFloor,
+}
+
+impl MissReason {
+    /// How informative a reason is, to report the better of two misses.
+    fn rank(self) -> u8 {
+        match self {
+            MissReason::CacheOff => 0,
+            MissReason::EmptyLookup => 1,
+            MissReason::PrefixMiss => 2,
+            MissReason::FormatMismatch => 3,
+            MissReason::PayloadMissing => 4,
+            MissReason::RestoreError(_) => 5,
+            MissReason::BoundaryBelowFloor => 6,
+        }
+    }
+}
+
+impl fmt::Display for MissReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MissReason::CacheOff => f.write_str("ssd_cache_off"),
+            MissReason::EmptyLookup => f.write_str("ssd_empty_lookup"),
+            MissReason::PrefixMiss => f.write_str("ssd_prefix_miss"),
+            MissReason::FormatMismatch => f.write_str("ssd_format_mismatch"),
+            MissReason::PayloadMissing => f.write_str("ssd_payload_missing"),
+            MissReason::RestoreError(kind) => write!(f, "ssd_restore_error:{}", kind.as_str()),
+            MissReason::BoundaryBelowFloor => f.write_str("ssd_prefix_boundary_below_floor"),
+        }
+    }
+}
+
+/// What a restore delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// KV positions written to the sink.
+    pub rows: usize,
+    pub blocks_read: usize,
+    /// Bytes read from blobs (headers included).
+    pub bytes_read: u64,
+    /// The checkpoint installed, for a hybrid entry.
+    pub recurrent_at: Option<u32>,
+    pub tail: bool,
+}
+
+/// The SSD tier as the bank uses it.
+pub trait ColdIndex: Send + Sync {
+    /// The best stored states for a prompt, answered from the manifest only: no blob is
+    /// opened, so ranking candidates costs no tensor decoding.
+    fn lookup(&self, query: &ColdQuery<'_>) -> ColdLookup;
+
+    /// Reads `candidate`'s blocks up to its restore point (and no further), verifies each
+    /// checksum, and writes the rows into `sink` in the caller's own layout.
+    fn restore(
+        &self,
+        candidate: &ColdCandidate,
+        sink: &mut dyn KvSink,
+    ) -> Result<RestoreReport, ReadError>;
+
+    /// Queues an entry for the background writer (write-behind; never on a request's path).
+    fn spill(&self, entry: SpillEntry) -> Result<SpillTicket, WriteError>;
+}
+
+/// The cold tier when it is off: every lookup misses with `ssd_cache_off`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ColdOff;
+
+impl ColdIndex for ColdOff {
+    fn lookup(&self, _: &ColdQuery<'_>) -> ColdLookup {
+        ColdLookup::miss(MissReason::CacheOff)
+    }
+
+    fn restore(&self, c: &ColdCandidate, _: &mut dyn KvSink) -> Result<RestoreReport, ReadError> {
+        Err(ReadError::EntryGone(c.entry))
+    }
+
+    fn spill(&self, _: SpillEntry) -> Result<SpillTicket, WriteError> {
+        Err(WriteError::Off)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn miss_names_are_the_originals() {
+        let names: Vec<String> = [
+            MissReason::CacheOff,
+            MissReason::EmptyLookup,
+            MissReason::PrefixMiss,
+            MissReason::FormatMismatch,
+            MissReason::PayloadMissing,
+            MissReason::RestoreError(RestoreErrorKind::Checksum),
+            MissReason::BoundaryBelowFloor,
+        ]
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "ssd_cache_off",
+                "ssd_empty_lookup",
+                "ssd_prefix_miss",
+                "ssd_format_mismatch",
+                "ssd_payload_missing",
+                "ssd_restore_error:checksum",
+                "ssd_prefix_boundary_below_floor"
+            ]
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! What an entry holds, as plain descriptors: the cold tier knows nothing of tensors or
+//! layouts. The bank converts its caches to a [`KvSource`] on the way out and builds its
+//! caches through a [`KvSink`] on the way back.
+
+use std::ops::Range;
+
+/// A boxed error from the caller's side of a [`KvSource`] or [`KvSink`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The shape of a model's attention KV state. One K (or V) row is one position of one layer:
+/// `kv_heads * head_dim` f32 values, heads outermost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvGeometry {
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+}
+
+impl KvGeometry {
+    /// f32 values in one K (or V) row.
+    pub fn row_len(&self) -> usize {
+        self.kv_heads as usize * self.head_dim as usize
+    }
+
+    /// Bytes one token costs on disk: all layers, K and V, f32.
+    pub fn bytes_per_token(&self) -> u64 {
+        2 * self.layers as u64 * self.row_len() as u64 * 4
+    }
+
+    pub(crate) fn is_valid(&self) -> bool {
+        self.layers > 0 && self.kv_heads > 0 && self.head_dim > 0
+    }
+}
+
+/// An opaque f32 buffer with a name and a shape (row-major; the product of `shape` is
+/// `data.len()`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct F32Buffer {
+    pub name: String,
+    pub shape: Vec<u32>,
+    pub data: Vec<f32>,
+}
+
+/// Opaque bytes with a name (e.g. the MTP head's state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedBytes {
+    pub name: String,
+    pub bytes: Vec<u8>,
+}
+
+/// The recurrent state of a hybrid model after `position` tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecurrentCheckpoint {
+    pub position: u32,
+    pub buffers: Vec<F32Buffer>,
+}
+
+/// Whether an entry's model has recurrent layers, and the checkpoints it captured.
+///
+/// A hybrid entry can only be restored at a checkpoint position: its recurrent state can't be
+/// trimmed like KV.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Recurrent {
+    /// Attention only: any prefix of the KV rows is a valid state.
+    #[default]
+    None,
+    /// Hybrid: restorable only at these positions (sorted ascending, no duplicates).
+    Checkpoints(Vec<RecurrentCheckpoint>),
+}
+
+/// What continuing to decode from the entry's last position needs, beyond KV rows.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TailState {
+    /// Last-position data, e.g. logits or the last hidden state.
+    pub last: Vec<F32Buffer>,
+    /// Opaque extra state, e.g. the MTP head's.
+    pub extra: Vec<NamedBytes>,
+}
+
+/// Where a spill reads K/V rows from (the bank wraps its KV view in one).
+pub trait KvSource: Send + Sync {
+    /// Copies rows `range` of `layer` into `k` and `v`, each `range.len() * row_len` f32,
+    /// positions outermost.
+    fn read_rows(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), BoxError>;
+}
+
+/// Where a restore writes what it read; the caller builds its own layout from these calls
+/// (its cache factory decides which).
+///
+/// Call order: [`KvSink::begin`] once; then [`KvSink::write_rows`] for positions in
+/// increasing order, every layer of a block before the next block, so for each layer the
+/// rows arrive contiguous from position 0 (an append-only cache can just append); then
+/// [`KvSink::recurrent`] for a hybrid entry; then [`KvSink::tail`] when the restore point is
+/// the entry's full length and it has a tail.
+pub trait KvSink {
+    /// `rows` positions will be written to every layer of a cache of this geometry.
+    fn begin(&mut self, geometry: KvGeometry, rows: usize) -> Result<(), BoxError>;
+    /// Rows `start .. start + k.len() / row_len` of `layer`.
+    fn write_rows(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), BoxError>;
+    /// The recurrent state at the restore point.
+    fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+    /// The entry's tail state.
+    fn tail(&mut self, tail: TailState) -> Result<(), BoxError> {
+        let _ = tail;
+        Ok(())
+    }
+}
+
+/// K/V rows held in plain vectors, one pair per layer (positions outermost). A simple
+/// [`KvSource`] and [`KvSink`] for callers without a layout of their own, and for tests.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KvRows {
+    pub geometry: Option<KvGeometry>,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
+    pub recurrent: Option<RecurrentCheckpoint>,
+    pub tail: Option<TailState>,
+}
+
+impl KvRows {
+    /// Rows from a function of (layer, position, index in row, is_v).
+    pub fn from_fn(
+        geometry: KvGeometry,
+        positions: usize,
+        f: impl Fn(usize, usize, usize, bool) -> f32,
+    ) -> KvRows {
+        let row = geometry.row_len();
+        let layer = |is_v| -> Vec<Vec<f32>> {
+            (0..geometry.layers as usize)
+                .map(|l| {
+                    (0..positions * row)
+                        .map(|i| f(l, i / row, i % row, is_v))
+                        .collect()
+                })
+                .collect()
+        };
+        KvRows {
+            geometry: Some(geometry),
+            k: layer(false),
+            v: layer(true),
+            recurrent: None,
+            tail: None,
+        }
+    }
+
+    /// Positions held (in layer 0).
+    pub fn positions(&self) -> usize {
+        match (self.geometry, self.k.first()) {
+            (Some(g), Some(k)) => k.len() / g.row_len(),
+            _ => 0,
+        }
+    }
+
+    /// The first `positions` rows of every layer.
+    pub fn truncated(&self, positions: usize) -> KvRows {
+        let n = positions * self.geometry.map_or(0, |g| g.row_len());
+        KvRows {
+            geometry: self.geometry,
+            k: self.k.iter().map(|l| l[..n].to_vec()).collect(),
+            v: self.v.iter().map(|l| l[..n].to_vec()).collect(),
+            recurrent: None,
+            tail: None,
+        }
+    }
+}
+
+impl KvSource for KvRows {
+    fn read_rows(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), BoxError> {
+        let row = self.geometry.ok_or("no geometry")?.row_len();
+        let span = range.start * row..range.end * row;
+        let (sk, sv) = (self.k.get(layer), self.v.get(layer));
+        match (
+            sk.and_then(|l| l.get(span.clone())),
+            sv.and_then(|l| l.get(span)),
+        ) {
+            (Some(sk), Some(sv)) if sk.len() == k.len() && sv.len() == v.len() => {
+                k.copy_from_slice(sk);
+                v.copy_from_slice(sv);
+                Ok(())
+            }
+            _ => Err(format!("rows {range:?} of layer {layer} are not held").into()),
+        }
+    }
+}
+
+impl KvSink for KvRows {
+    fn begin(&mut self, geometry: KvGeometry, rows: usize) -> Result<(), BoxError> {
+        let n = rows * geometry.row_len();
+        self.geometry = Some(geometry);
+        self.k = (0..geometry.layers)
+            .map(|_| Vec::with_capacity(n))
+            .collect();
+        self.v = (0..geometry.layers)
+            .map(|_| Vec::with_capacity(n))
+            .collect();
+        Ok(())
+    }
+
+    fn write_rows(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), BoxError> {
+        let row = self.geometry.ok_or("begin was not called")?.row_len();
+        let (lk, lv) = (&mut self.k[layer], &mut self.v[layer]);
+        if lk.len() != start * row {
+            return Err(format!("layer {layer}: rows from {start} arrived out of order").into());
+        }
+        lk.extend_from_slice(k);
+        lv.extend_from_slice(v);
+        Ok(())
+    }
+
+    fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
+        self.recurrent = Some(checkpoint);
+        Ok(())
+    }
+
+    fn tail(&mut self, tail: TailState) -> Result<(), BoxError> {
+        self.tail = Some(tail);
+        Ok(())
+    }
+}

@@ -1,0 +1,390 @@
+//! Restores: read the blocks up to the restore point, verify, hand rows to the sink.
+
+use std::io;
+use std::sync::mpsc;
+
+use super::{blob_path, lock, now_s, Inner};
+use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
+use crate::codec::{
+    BlobHeader, BlobKind, DecodeError, Descriptor, EntryBody, EntryHead, StateBundle, StateRef,
+    StateRole,
+};
+use crate::error::{db, ManifestError, ReadError};
+use crate::index::{ColdCandidate, EntryId, RestoreReport};
+use crate::key::{blocks_for, hex, BLOCK_TOKENS};
+use crate::manifest;
+use crate::payload::{KvSink, RecurrentCheckpoint, TailState};
+use crate::storage::StorageFile;
+
+pub(crate) fn restore(
+    inner: &Inner,
+    candidate: &ColdCandidate,
+    sink: &mut dyn KvSink,
+) -> Result<RestoreReport, ReadError> {
+    let result = {
+        let _gc = inner.gc.read().unwrap_or_else(|p| p.into_inner());
+        restore_locked(inner, candidate, sink)
+    };
+    match &result {
+        Ok(_) => {
+            // The LRU clock; a failure here costs only recency.
+            let _ = touch(inner, candidate.entry);
+        }
+        Err((e, Some(blob))) if e.is_damage() => {
+            lock(&inner.damaged).push(*blob);
+            if let Ok(_m) = inner.mutate.try_lock() {
+                let _ = inner.drop_damaged();
+            }
+        }
+        Err(_) => {}
+    }
+    result.map_err(|(e, _)| e)
+}
+
+/// Bytes read (and hashed) per call.
+const READ_CHUNK: usize = 1 << 20;
+
+type Failed = (ReadError, Option<(BlobKind, [u8; 32])>);
+
+fn load(inner: &Inner, id: EntryId) -> Result<(EntryHead, EntryBody), ReadError> {
+    let r = inner.manifest().db.begin_read().map_err(db)?;
+    let get = |t: redb::TableDefinition<u64, &[u8]>| -> Result<Option<Vec<u8>>, ReadError> {
+        let t = r.open_table(t).map_err(db)?;
+        let v = t.get(id.0).map_err(db)?.map(|v| v.value().to_vec());
+        Ok(v)
+    };
+    let (Some(head), Some(body)) = (get(manifest::HEADS)?, get(manifest::BODIES)?) else {
+        return Err(ReadError::EntryGone(id));
+    };
+    let bad = |e: DecodeError| match e {
+        DecodeError::Version(found) => ReadError::FormatMismatch {
+            blob: format!("entry {}", id.0),
+            found,
+            expected: crate::FORMAT_VERSION,
+        },
+        _ => ReadError::Decode {
+            blob: format!("entry {}", id.0),
+            what: "manifest record",
+        },
+    };
+    Ok((
+        EntryHead::decode(&head).map_err(bad)?,
+        EntryBody::decode(&body).map_err(bad)?,
+    ))
+}
+
+fn restore_locked(
+    inner: &Inner,
+    c: &ColdCandidate,
+    sink: &mut dyn KvSink,
+) -> Result<RestoreReport, Failed> {
+    let (head, body) = load(inner, c.entry).map_err(|e| (e, None))?;
+    if head.identity != c.identity {
+        return Err((ReadError::IdentityMismatch(c.entry), None));
+    }
+    let point = c.restore_point;
+    let not = |why| {
+        (
+            ReadError::NotRestorable {
+                entry: c.entry,
+                point,
+                why,
+            },
+            None,
+        )
+    };
+    if point == 0 || point > head.n_tokens as usize {
+        return Err(not("outside the entry"));
+    }
+    let checkpoint = match &head.checkpoints {
+        None => None,
+        Some(cps) => match cps.iter().find(|cp| cp.position as usize == point) {
+            Some(cp) => Some(*cp),
+            None => return Err(not("no recurrent checkpoint there")),
+        },
+    };
+
+    let mut report = RestoreReport {
+        rows: point,
+        blocks_read: 0,
+        bytes_read: 0,
+        recurrent_at: None,
+        tail: false,
+    };
+    sink.begin(head.geometry, point)
+        .map_err(|e| (ReadError::Sink(e), None))?;
+
+    read_blocks(inner, &head, &body, point, sink, &mut report)?;
+
+    if let Some(cp) = checkpoint {
+        let (bundle, bytes) = read_state(inner, &cp.state, StateRole::Checkpoint, cp.position)?;
+        report.bytes_read += bytes;
+        sink.recurrent(RecurrentCheckpoint {
+            position: cp.position,
+            buffers: bundle.buffers,
+        })
+        .map_err(|e| (ReadError::Sink(e), None))?;
+        report.recurrent_at = Some(cp.position);
+    }
+    if let (Some(tail), true) = (&head.tail, point == head.n_tokens as usize) {
+        let (bundle, bytes) = read_state(inner, tail, StateRole::Tail, head.n_tokens)?;
+        report.bytes_read += bytes;
+        sink.tail(TailState {
+            last: bundle.buffers,
+            extra: bundle.bytes,
+        })
+        .map_err(|e| (ReadError::Sink(e), None))?;
+        report.tail = true;
+    }
+    Ok(report)
+}
+
+/// Reads and verifies blocks `0 .. ceil(point / 256)` on a helper thread while the calling
+/// thread hands the previous block's rows to the sink: reading and hashing overlap with
+/// copying. At most three block buffers exist at once.
+fn read_blocks(
+    inner: &Inner,
+    head: &EntryHead,
+    body: &EntryBody,
+    point: usize,
+    sink: &mut dyn KvSink,
+    report: &mut RestoreReport,
+) -> Result<(), Failed> {
+    let g = head.geometry;
+    let row = g.row_len();
+    let nblocks = blocks_for(point);
+    let n_tokens = |i: usize| (head.n_tokens as usize - i * BLOCK_TOKENS).min(BLOCK_TOKENS);
+    let (full_tx, full_rx) = mpsc::sync_channel::<Result<Vec<f32>, Failed>>(1);
+    let (empty_tx, empty_rx) = mpsc::channel::<Vec<f32>>();
+
+    // `move`: the receiver is dropped when delivery stops early, which ends the reader.
+    std::thread::scope(move |scope| {
+        scope.spawn(move || {
+            let mut next = Some(open_blob(inner, BlobKind::KvBlock, &body.blocks[0].0));
+            for i in 0..nblocks {
+                let key = body.blocks[i].0;
+                let mut payload = empty_rx.try_recv().unwrap_or_default();
+                let read = (|| {
+                    let file = next.take().expect("opened ahead")?;
+                    // Once this block's bytes are in, let the kernel read the next block
+                    // ahead while this one is hashed and delivered.
+                    let prefetch = || {
+                        if i + 1 < nblocks {
+                            let n = open_blob(inner, BlobKind::KvBlock, &body.blocks[i + 1].0);
+                            if let Ok(f) = &n {
+                                f.will_need();
+                            }
+                            next = Some(n);
+                        }
+                    };
+                    let n = n_tokens(i);
+                    let expect = Descriptor::Kv {
+                        geometry: g,
+                        n_tokens: n as u32,
+                        first_position: (i * BLOCK_TOKENS) as u32,
+                    };
+                    payload.resize(n * row * 2 * g.layers as usize, 0.0);
+                    read_verified(
+                        file.as_ref(),
+                        &key,
+                        expect,
+                        bytemuck::cast_slice_mut(&mut payload),
+                        prefetch,
+                    )?;
+                    from_le(&mut payload);
+                    Ok(())
+                })();
+                let failed = read.is_err();
+                let msg = read
+                    .map(|()| payload)
+                    .map_err(|e| (e, Some((BlobKind::KvBlock, key))));
+                // A closed channel means the sink failed: stop.
+                if full_tx.send(msg).is_err() || failed {
+                    return;
+                }
+            }
+        });
+
+        for i in 0..nblocks {
+            let payload = full_rx
+                .recv()
+                .expect("the reader sends every block or an error")?;
+            let start = i * BLOCK_TOKENS;
+            let n = n_tokens(i);
+            let rows = (point - start).min(n);
+            let span = n * row;
+            for (layer, kv) in payload.chunks_exact(2 * span).enumerate() {
+                let (k, v) = kv.split_at(span);
+                sink.write_rows(layer, start, &k[..rows * row], &v[..rows * row])
+                    .map_err(|e| (ReadError::Sink(e), None))?;
+            }
+            report.blocks_read += 1;
+            report.bytes_read += (HEADER_LEN + payload.len() * 4) as u64;
+            let _ = empty_tx.send(payload);
+        }
+        Ok(())
+    })
+}
+
+fn blob_name(kind: BlobKind, key: &[u8; 32]) -> String {
+    format!("{}.{}", hex(key), kind.extension())
+}
+
+fn open_blob(
+    inner: &Inner,
+    kind: BlobKind,
+    key: &[u8; 32],
+) -> Result<Box<dyn StorageFile>, ReadError> {
+    inner
+        .storage
+        .open(&blob_path(kind, key))
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => ReadError::Missing {
+                blob: blob_name(kind, key),
+            },
+            _ => ReadError::Io {
+                blob: blob_name(kind, key),
+                source: e,
+            },
+        })
+}
+
+/// Reads a blob whose payload is `out.len()` bytes into `out`, checking its length, its
+/// header against what the manifest expects, and its checksum.
+fn read_verified(
+    file: &dyn StorageFile,
+    key: &[u8; 32],
+    expect: Descriptor,
+    out: &mut [u8],
+    after_read: impl FnOnce(),
+) -> Result<(), ReadError> {
+    let kind = match expect {
+        Descriptor::Kv { .. } => BlobKind::KvBlock,
+        Descriptor::State { .. } => BlobKind::State,
+    };
+    let blob = || blob_name(kind, key);
+    let ioe = |source| ReadError::Io {
+        blob: blob(),
+        source,
+    };
+    let expected = (HEADER_LEN + out.len()) as u64;
+    let actual = file.size().map_err(ioe)?;
+    let mut head = [0u8; HEADER_LEN];
+    if actual >= HEADER_LEN as u64 {
+        file.read_at(0, &mut head).map_err(ioe)?;
+    }
+    let header = match BlobHeader::decode(&head) {
+        Ok(h) => Some(h),
+        Err(DecodeError::Foreign) if actual >= HEADER_LEN as u64 => {
+            return Err(ReadError::Foreign { blob: blob() })
+        }
+        Err(DecodeError::Version(found)) => {
+            return Err(ReadError::FormatMismatch {
+                blob: blob(),
+                found,
+                expected: crate::FORMAT_VERSION,
+            })
+        }
+        Err(_) if actual != expected => None,
+        Err(_) => {
+            return Err(ReadError::Header {
+                blob: blob(),
+                what: "fields",
+            })
+        }
+    };
+    if actual != expected {
+        return Err(ReadError::Truncated {
+            blob: blob(),
+            expected,
+            actual,
+        });
+    }
+    let (header, sum) = header.expect("decoded above when the length is right");
+    if header.key != *key {
+        return Err(ReadError::Header {
+            blob: blob(),
+            what: "key",
+        });
+    }
+    if header.descriptor != expect || header.payload_len != out.len() as u64 {
+        let what = match (header.descriptor, expect) {
+            (Descriptor::Kv { geometry: a, .. }, Descriptor::Kv { geometry: b, .. }) if a != b => {
+                return Err(ReadError::FormatMismatch {
+                    blob: blob(),
+                    found: crate::FORMAT_VERSION,
+                    expected: crate::FORMAT_VERSION,
+                })
+            }
+            _ => "descriptor",
+        };
+        return Err(ReadError::Header { blob: blob(), what });
+    }
+    // In chunks, hashing each as it arrives: with the file's read-ahead already requested,
+    // the disk fetches the next chunks while this one is hashed.
+    file.will_need();
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&head[..CHECKSUM_AT]);
+    let mut offset = HEADER_LEN as u64;
+    for chunk in out.chunks_mut(READ_CHUNK) {
+        file.read_at(offset, chunk).map_err(ioe)?;
+        hasher.update(chunk);
+        offset += chunk.len() as u64;
+    }
+    after_read();
+    if *hasher.finalize().as_bytes() != sum {
+        return Err(ReadError::Checksum { blob: blob() });
+    }
+    Ok(())
+}
+
+fn read_state(
+    inner: &Inner,
+    state: &StateRef,
+    role: StateRole,
+    position: u32,
+) -> Result<(StateBundle, u64), Failed> {
+    let blob = (BlobKind::State, state.key.0);
+    let run = || -> Result<StateBundle, ReadError> {
+        let file = open_blob(inner, BlobKind::State, &state.key.0)?;
+        let len = state
+            .file_len
+            .checked_sub(HEADER_LEN as u64)
+            .ok_or(ReadError::Decode {
+                blob: blob_name(BlobKind::State, &state.key.0),
+                what: "length",
+            })?;
+        let mut payload = vec![0u8; len as usize];
+        read_verified(
+            file.as_ref(),
+            &state.key.0,
+            Descriptor::State { role, position },
+            &mut payload,
+            || {},
+        )?;
+        StateBundle::decode(&payload).map_err(|_| ReadError::Decode {
+            blob: blob_name(BlobKind::State, &state.key.0),
+            what: "state bundle",
+        })
+    };
+    run()
+        .map(|b| (b, state.file_len))
+        .map_err(|e| (e, Some(blob)))
+}
+
+fn from_le(values: &mut [f32]) {
+    if cfg!(target_endian = "big") {
+        for v in values.iter_mut() {
+            *v = f32::from_bits(u32::from_le(v.to_bits()));
+        }
+    }
+}
+
+fn touch(inner: &Inner, id: EntryId) -> Result<(), ManifestError> {
+    let mut w = inner.manifest().db.begin_write().map_err(db)?;
+    // Recency is not worth an fsync on the read path: it becomes durable with the next
+    // durable commit (or is lost in a crash, which only ages the entry).
+    w.set_durability(redb::Durability::None);
+    manifest::touch(&w, id, now_s())?;
+    w.commit().map_err(db)
+}
