@@ -56,21 +56,22 @@ pub struct Config {
     /// Prompt tokens per prefill forward pass.
     #[arg(long, env = "MTPLX_PREFILL_CHUNK_TOKENS", default_value_t = 512)]
     pub prefill_chunk_tokens: usize,
-    /// Request log path, or `off` [default: $MTPLX_HOME/logs/request-log-<port>.jsonl].
+    /// Request log path, or `off` [default: $MTPLX_HOME/logs/request-log-PORT.jsonl].
     #[arg(long, env = "MTPLX_REQUEST_LOG_JSONL")]
     pub request_log_jsonl: Option<String>,
     /// Largest request body in bytes.
     #[arg(long, env = "MTPLX_MAX_BODY_BYTES", default_value_t = 16 << 20)]
     pub max_body_bytes: usize,
     /// Seconds a response may take to start.
-    #[arg(long, env = "MTPLX_REQUEST_TIMEOUT_S", default_value_t = 600)]
-    pub request_timeout_s: u64,
+    #[arg(long, env = "MTPLX_REQUEST_TIMEOUT", default_value_t = 600)]
+    pub request_timeout: u64,
 }
 
 /// Whether `host` names the loopback interface.
 pub fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare.eq_ignore_ascii_case("localhost") || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    bare.eq_ignore_ascii_case("localhost")
+        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 impl Config {
@@ -112,7 +113,7 @@ impl Config {
             request_log_rotation: Rotation::default(),
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
             max_body_bytes: self.max_body_bytes,
-            request_timeout: Duration::from_secs(self.request_timeout_s),
+            request_timeout: Duration::from_secs(self.request_timeout),
         }
     }
 }
@@ -132,15 +133,44 @@ mod tests {
         assert!(parse(&["--host", "localhost"]).check().is_ok());
         let open = parse(&["--host", "0.0.0.0"]);
         assert!(open.check().unwrap_err().contains("--api-key"));
-        assert!(parse(&["--host", "0.0.0.0", "--api-key", "k"]).check().is_ok());
-        assert!(parse(&["--host", "0.0.0.0", "--api-key", ""]).check().is_err());
+        assert!(parse(&["--host", "0.0.0.0", "--api-key", "k"])
+            .check()
+            .is_ok());
+        assert!(parse(&["--host", "0.0.0.0", "--api-key", ""])
+            .check()
+            .is_err());
+    }
+
+    #[test]
+    fn every_flag_has_an_mtplx_environment_variable() {
+        use clap::CommandFactory;
+        let cmd = Config::command();
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{id} has no env var"));
+            let want = format!("MTPLX_{}", id.to_uppercase());
+            assert_eq!(env.to_str(), Some(want.as_str()), "--{id}");
+        }
     }
 
     #[test]
     fn flags_become_settings() {
         let c = parse(&[
-            "--port", "9001", "--context-window", "512", "--weights", "quantized",
-            "--request-log-jsonl", "off", "--max-active-requests", "3",
+            "--port",
+            "9001",
+            "--context-window",
+            "512",
+            "--weights",
+            "quantized",
+            "--request-log-jsonl",
+            "off",
+            "--max-active-requests",
+            "3",
         ]);
         assert_eq!(c.weight_format(), WeightFormat::Quantized);
         let s = c.settings();
@@ -149,6 +179,10 @@ mod tests {
         assert_eq!(s.request_log, None);
         let d = parse(&["--port", "9001"]);
         let log = d.request_log_path().unwrap();
-        assert!(log.ends_with("logs/request-log-9001.jsonl"), "{}", log.display());
+        assert!(
+            log.ends_with("logs/request-log-9001.jsonl"),
+            "{}",
+            log.display()
+        );
     }
 }

@@ -111,7 +111,15 @@ mod tests {
     #[test]
     fn every_route_is_documented() {
         let doc = super::document();
-        for path in ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/v1/models", "/health", "/metrics"] {
+        for path in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/messages",
+            "/v1/responses",
+            "/v1/models",
+            "/health",
+            "/metrics",
+        ] {
             assert!(doc["paths"][path].is_object(), "{path}");
         }
     }

@@ -37,7 +37,10 @@ impl Route {
     /// The route for `method` and `path`: 404 for unknown paths, 405 for known paths under
     /// another method.
     pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
-        let path = path.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(path);
+        let path = path
+            .strip_suffix('/')
+            .filter(|p| !p.is_empty())
+            .unwrap_or(path);
         let (route, want) = match path {
             "/v1/chat/completions" | "/chat/completions" => (Route::ChatCompletions, Method::POST),
             "/v1/completions" | "/completions" => (Route::Completions, Method::POST),
@@ -123,7 +126,12 @@ impl Service<Request<Body>> for Generate {
             Ok(result.unwrap_or_else(|e| {
                 if let Some(log) = state.request_log() {
                     let status = e.status.as_u16();
-                    log.append(&Record::failed(&ctx.request_id, route.label(), status, e.code));
+                    log.append(&Record::failed(
+                        &ctx.request_id,
+                        route.label(),
+                        status,
+                        e.code,
+                    ));
                 }
                 e.into_response_as(ErrorFormat::for_path(route.label()))
             }))
@@ -142,7 +150,13 @@ impl Router {
     pub fn new(state: AppState) -> Self {
         let limit = state.settings().max_active_requests.max(1);
         Router {
-            generate: ConcurrencyLimit::new(Generate { state: state.clone() }, limit),
+            generate: ConcurrencyLimit::shared(
+                Generate {
+                    state: state.clone(),
+                },
+                state.slots().clone(),
+                limit,
+            ),
             state,
         }
     }
@@ -176,7 +190,9 @@ impl Service<Request<Body>> for Router {
                 Route::Metrics => Ok(api::models::metrics(&state)),
                 Route::OpenApi => Ok(api::json_response(&crate::openapi::document())),
                 Route::CountTokens => api::anthropic::count_tokens(state, req).await,
-                _ => Err(ApiError::internal("a generation route reached the cheap path")),
+                _ => Err(ApiError::internal(
+                    "a generation route reached the cheap path",
+                )),
             };
             Ok(result.unwrap_or_else(|e| e.into_response_as(ErrorFormat::for_path(route.label()))))
         })
@@ -202,7 +218,9 @@ mod tests {
             Route::Model("x".into())
         );
         assert_eq!(
-            Route::resolve(&Method::GET, "/v1/chat/completions").unwrap_err().status,
+            Route::resolve(&Method::GET, "/v1/chat/completions")
+                .unwrap_err()
+                .status,
             http::StatusCode::METHOD_NOT_ALLOWED
         );
         assert_eq!(

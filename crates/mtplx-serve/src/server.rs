@@ -78,7 +78,11 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             .request_log
             .as_ref()
             .map_or_else(|| "off".to_string(), |p| p.display().to_string()),
-        if settings.api_key.is_some() { "required" } else { "off" },
+        if settings.api_key.is_some() {
+            "required"
+        } else {
+            "off"
+        },
     );
     run(listener, state, async {
         let _ = tokio::signal::ctrl_c().await;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mtplx_model::{Bundle, LanguageModel};
+use tokio::sync::Semaphore;
 
 use crate::engine::{Engine, EngineConfig};
 use crate::metrics::Metrics;
@@ -59,6 +60,8 @@ struct Inner {
     settings: Settings,
     context_window: usize,
     started: u64,
+    /// Generation slots, shared by every app built from this state.
+    slots: Arc<Semaphore>,
 }
 
 impl AppState {
@@ -78,7 +81,9 @@ impl AppState {
             EngineConfig {
                 context_window,
                 prefill_chunk_tokens: settings.prefill_chunk_tokens.max(1),
-                queue_capacity: settings.max_active_requests.max(1),
+                // Admission is the concurrency limit's job; the queue only needs room for
+                // cancelled jobs the engine has not popped yet.
+                queue_capacity: settings.max_active_requests.max(1) * 2 + 8,
             },
             metrics.clone(),
             log.clone(),
@@ -89,9 +94,10 @@ impl AppState {
                 engine,
                 metrics,
                 log,
-                settings,
+                settings: settings.clone(),
                 context_window,
                 started: crate::api::unix_now(),
+                slots: Arc::new(Semaphore::new(settings.max_active_requests.max(1))),
             }),
         })
     }
@@ -124,6 +130,16 @@ impl AppState {
     /// The effective context window (the flag, capped by the model's).
     pub fn context_window(&self) -> usize {
         self.inner.context_window
+    }
+
+    /// The generation slots the concurrency limit takes from.
+    pub fn slots(&self) -> &Arc<Semaphore> {
+        &self.inner.slots
+    }
+
+    /// Generation requests in flight now.
+    pub fn active_requests(&self) -> usize {
+        self.inner.settings.max_active_requests.max(1) - self.inner.slots.available_permits()
     }
 
     /// Unix seconds when the server started.

@@ -66,9 +66,9 @@ impl CompletionRequest {
 
 fn prompt_ids(state: &AppState, prompt: PromptParam) -> Result<Vec<u32>, ApiError> {
     let one = |n: usize| {
-        (n == 1)
-            .then_some(())
-            .ok_or_else(|| ApiError::invalid_param("prompt", "Only one prompt per request is supported."))
+        (n == 1).then_some(()).ok_or_else(|| {
+            ApiError::invalid_param("prompt", "Only one prompt per request is supported.")
+        })
     };
     match prompt {
         PromptParam::Text(t) => super::prompt::encode_text(state, &t),
@@ -95,10 +95,16 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         return Err(ApiError::invalid_param("echo", "`echo` is not supported."));
     }
     if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid_param("suffix", "`suffix` is not supported."));
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "`suffix` is not supported.",
+        ));
     }
     if body.logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid_param("logprobs", "`logprobs` is not supported."));
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            "`logprobs` is not supported.",
+        ));
     }
     let sampler = body.sampling().sampler()?;
     let max_tokens = token_limit("max_tokens", body.max_tokens)?;
@@ -195,6 +201,9 @@ impl SseEncoder for CompletionStream {
     }
 
     fn failed(&mut self, message: String) -> Vec<Bytes> {
-        vec![data(&ApiError::internal(message).to_json(Default::default())), done_marker()]
+        vec![
+            data(&ApiError::internal(message).to_json(Default::default())),
+            done_marker(),
+        ]
     }
 }

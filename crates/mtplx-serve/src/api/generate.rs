@@ -72,5 +72,7 @@ pub async fn collect(mut events: mpsc::Receiver<Event>) -> Result<Completed, Api
             Event::Failed(message) => return Err(ApiError::internal(message)),
         }
     }
-    Err(ApiError::internal("The engine stopped before the generation ended."))
+    Err(ApiError::internal(
+        "The engine stopped before the generation ended.",
+    ))
 }

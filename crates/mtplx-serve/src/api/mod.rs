@@ -168,7 +168,9 @@ mod tests {
         assert!(e.message.contains("not valid JSON"), "{e}");
         let e = read_json::<T>(Body::from("[1]")).await.unwrap_err();
         assert!(e.message.contains("JSON object"), "{e}");
-        let e = read_json::<T>(Body::from(r#"{"n": "x"}"#)).await.unwrap_err();
+        let e = read_json::<T>(Body::from(r#"{"n": "x"}"#))
+            .await
+            .unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert!(e.message.contains("invalid type"), "{e}");
         assert!(read_json::<T>(Body::from(r#"{"n": 3}"#)).await.is_ok());

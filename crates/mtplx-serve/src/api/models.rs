@@ -36,8 +36,11 @@ pub fn health(state: &AppState) -> Response<Body> {
 }
 
 pub fn metrics(state: &AppState) -> Response<Body> {
-    text_response(
-        state.metrics().render(),
-        "text/plain; version=0.0.4; charset=utf-8",
-    )
+    let mut text = state.metrics().render();
+    text.push_str(&format!(
+        "# HELP mtplx_active_requests Generation requests in flight.\n\
+         # TYPE mtplx_active_requests gauge\nmtplx_active_requests {}\n",
+        state.active_requests()
+    ));
+    text_response(text, "text/plain; version=0.0.4; charset=utf-8")
 }

@@ -24,7 +24,12 @@ pub struct SamplingParams {
     pub seed: Option<i64>,
 }
 
-fn check(param: &str, v: Option<f32>, ok: impl Fn(f32) -> bool, rule: &str) -> Result<(), ApiError> {
+fn check(
+    param: &str,
+    v: Option<f32>,
+    ok: impl Fn(f32) -> bool,
+    rule: &str,
+) -> Result<(), ApiError> {
     match v {
         Some(x) if !x.is_finite() || !ok(x) => Err(ApiError::invalid_param(
             param,
@@ -40,11 +45,26 @@ impl SamplingParams {
     pub fn sampler(&self) -> Result<Sampler, ApiError> {
         check("temperature", self.temperature, |t| t >= 0.0, "at least 0")?;
         check("top_p", self.top_p, |p| p > 0.0 && p <= 1.0, "in (0, 1]")?;
-        check("min_p", self.min_p, |p| (0.0..=1.0).contains(&p), "in [0, 1]")?;
+        check(
+            "min_p",
+            self.min_p,
+            |p| (0.0..=1.0).contains(&p),
+            "in [0, 1]",
+        )?;
         let pen = |x: f32| (-2.0..=2.0).contains(&x);
         check("presence_penalty", self.presence_penalty, pen, "in [-2, 2]")?;
-        check("frequency_penalty", self.frequency_penalty, pen, "in [-2, 2]")?;
-        check("repetition_penalty", self.repetition_penalty, |r| r > 0.0, "above 0")?;
+        check(
+            "frequency_penalty",
+            self.frequency_penalty,
+            pen,
+            "in [-2, 2]",
+        )?;
+        check(
+            "repetition_penalty",
+            self.repetition_penalty,
+            |r| r > 0.0,
+            "above 0",
+        )?;
         let top_k = match self.top_k {
             None => DEFAULT_TOP_K,
             Some(-1 | 0) => 0,
@@ -125,7 +145,10 @@ mod tests {
         let Sampling::Random(r) = s.sampling else {
             panic!("expected random sampling")
         };
-        assert_eq!((r.temperature, r.top_p, r.top_k, r.min_p), (0.6, 0.95, 20, 0.0));
+        assert_eq!(
+            (r.temperature, r.top_p, r.top_k, r.min_p),
+            (0.6, 0.95, 20, 0.0)
+        );
         assert!(s.penalties.is_neutral());
     }
 
@@ -150,15 +173,44 @@ mod tests {
     #[test]
     fn out_of_range_values_name_their_field() {
         let cases = [
-            SamplingParams { temperature: Some(-1.0), ..Default::default() },
-            SamplingParams { top_p: Some(0.0), ..Default::default() },
-            SamplingParams { top_p: Some(f32::NAN), ..Default::default() },
-            SamplingParams { top_k: Some(-5), ..Default::default() },
-            SamplingParams { min_p: Some(2.0), ..Default::default() },
-            SamplingParams { presence_penalty: Some(3.0), ..Default::default() },
-            SamplingParams { repetition_penalty: Some(0.0), ..Default::default() },
+            SamplingParams {
+                temperature: Some(-1.0),
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: Some(0.0),
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: Some(f32::NAN),
+                ..Default::default()
+            },
+            SamplingParams {
+                top_k: Some(-5),
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: Some(2.0),
+                ..Default::default()
+            },
+            SamplingParams {
+                presence_penalty: Some(3.0),
+                ..Default::default()
+            },
+            SamplingParams {
+                repetition_penalty: Some(0.0),
+                ..Default::default()
+            },
         ];
-        let params = ["temperature", "top_p", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty"];
+        let params = [
+            "temperature",
+            "top_p",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "repetition_penalty",
+        ];
         for (c, p) in cases.iter().zip(params) {
             let e = c.sampler().unwrap_err();
             assert_eq!(e.param.as_deref(), Some(p));

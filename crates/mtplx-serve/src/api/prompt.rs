@@ -29,7 +29,10 @@ pub fn encode_chat(state: &AppState, conv: Conversation) -> Result<Vec<u32>, Api
         )
     })?;
     if conv.messages.is_empty() {
-        return Err(ApiError::invalid_param("messages", "`messages` must not be empty."));
+        return Err(ApiError::invalid_param(
+            "messages",
+            "`messages` must not be empty.",
+        ));
     }
     let knows_tools = bundle
         .tokenizer
@@ -46,9 +49,9 @@ pub fn encode_chat(state: &AppState, conv: Conversation) -> Result<Vec<u32>, Api
         add_generation_prompt: true,
         template_kwargs: conv.template_kwargs,
     };
-    let text = template
-        .render(&req)
-        .map_err(|e| ApiError::bad_request(format!("The chat template rejected the conversation: {e}")))?;
+    let text = template.render(&req).map_err(|e| {
+        ApiError::bad_request(format!("The chat template rejected the conversation: {e}"))
+    })?;
     encode(state, &text)
 }
 
@@ -98,25 +101,42 @@ fn describe_tools(messages: Vec<ChatMessage>, tools: &[Value]) -> Vec<ChatMessag
     match messages.peek() {
         Some(m) if m.role == Role::System => {
             let m = messages.next().expect("peeked");
-            let text = m.content.as_ref().map(|c| c.joined_text()).unwrap_or_default();
-            out.push(ChatMessage::text(Role::System, format!("{text}\n\n{preamble}")));
+            let text = m
+                .content
+                .as_ref()
+                .map(|c| c.joined_text())
+                .unwrap_or_default();
+            out.push(ChatMessage::text(
+                Role::System,
+                format!("{text}\n\n{preamble}"),
+            ));
         }
         _ => out.push(ChatMessage::text(Role::System, preamble)),
     }
     for m in messages {
         out.push(match m.role {
             Role::Tool => {
-                let text = m.content.as_ref().map(|c| c.joined_text()).unwrap_or_default();
+                let text = m
+                    .content
+                    .as_ref()
+                    .map(|c| c.joined_text())
+                    .unwrap_or_default();
                 ChatMessage::text(
                     Role::User,
                     format!("<tool_response>\n{text}\n</tool_response>"),
                 )
             }
             Role::Assistant if m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) => {
-                let mut text = m.content.as_ref().map(|c| c.joined_text()).unwrap_or_default();
+                let mut text = m
+                    .content
+                    .as_ref()
+                    .map(|c| c.joined_text())
+                    .unwrap_or_default();
                 for call in m.tool_calls.iter().flatten() {
                     let args = match &call.function.arguments {
-                        Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+                        Value::String(s) => {
+                            serde_json::from_str(s).unwrap_or(Value::String(s.clone()))
+                        }
                         v => v.clone(),
                     };
                     let json = serde_json::json!({"name": call.function.name, "arguments": args});
@@ -165,11 +185,18 @@ mod tests {
         assert_eq!(out.len(), 4);
         let text = |m: &ChatMessage| m.content.as_ref().unwrap().joined_text();
         assert!(text(&out[0]).starts_with("Be brief.\n\n# Tools"));
-        assert!(text(&out[0]).contains("{\"function\":{\"name\":\"f\"},\"type\":\"function\"}"));
-        assert_eq!(
-            text(&out[2]),
-            "<tool_call>\n{\"arguments\":{\"x\":1},\"name\":\"f\"}\n</tool_call>"
-        );
+        let listed: Vec<serde_json::Value> = text(&out[0])
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        assert_eq!(listed, tools);
+        let call = text(&out[2]);
+        let inner = call
+            .strip_prefix("<tool_call>\n")
+            .and_then(|c| c.strip_suffix("\n</tool_call>"))
+            .unwrap();
+        let inner: serde_json::Value = serde_json::from_str(inner).unwrap();
+        assert_eq!(inner, json!({"name": "f", "arguments": {"x": 1}}));
         assert_eq!(out[3].role, Role::User);
         assert_eq!(text(&out[3]), "<tool_response>\n42\n</tool_response>");
     }

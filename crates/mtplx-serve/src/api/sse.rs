@@ -107,20 +107,39 @@ impl<E: SseEncoder + Unpin> hyper::body::Body for SseBody<E> {
 }
 
 /// A `text/event-stream` response over the engine's events.
-pub fn response<E: SseEncoder + Unpin>(events: mpsc::Receiver<Event>, encoder: E) -> Response<Body> {
+pub fn response<E: SseEncoder + Unpin>(
+    events: mpsc::Receiver<Event>,
+    encoder: E,
+) -> Response<Body> {
     let mut res = Response::new(Body::new(SseBody::new(events, encoder)));
     let h = res.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     res
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use http_body_util::BodyExt;
+    use serde_json::Value;
 
     use super::*;
     use crate::engine::Finish;
+
+    /// The `data:` payloads of frames (`[DONE]` as a string), for encoder tests.
+    pub(crate) fn decode(frames: &[Bytes]) -> Vec<Value> {
+        frames
+            .iter()
+            .filter_map(|f| {
+                let text = std::str::from_utf8(f).unwrap();
+                let data = text.lines().find_map(|l| l.strip_prefix("data: "))?;
+                Some(serde_json::from_str(data).unwrap_or(Value::String(data.into())))
+            })
+            .collect()
+    }
 
     struct Plain;
 
@@ -139,26 +158,14 @@ mod tests {
         }
     }
 
-    fn summary() -> Summary {
-        Summary {
-            finish: Finish::Length,
-            prompt_tokens: 1,
-            cached_tokens: 0,
-            new_prefill_tokens: 1,
-            completion_tokens: 2,
-            ttft_s: None,
-            prefill_s: 0.0,
-            decode_s: 0.0,
-            prompt_hash: String::new(),
-        }
-    }
-
     #[tokio::test]
     async fn frames_follow_the_events() {
         let (tx, rx) = mpsc::channel(8);
         tx.send(Event::Text("a".into())).await.unwrap();
         tx.send(Event::Text("b".into())).await.unwrap();
-        tx.send(Event::Done(summary())).await.unwrap();
+        tx.send(Event::Done(Summary::for_test(Finish::Length, 2)))
+            .await
+            .unwrap();
         let body = SseBody::new(rx, Plain).collect().await.unwrap().to_bytes();
         assert_eq!(body, "open|ab|done 2");
     }

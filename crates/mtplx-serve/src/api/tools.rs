@@ -109,16 +109,17 @@ impl ToolCallParser {
         out
     }
 
+    /// Lets `text` out, holding back trailing whitespace until it is known not to be just
+    /// the gap before a call (so streamed text matches the trimmed whole text).
     fn text(&mut self, text: &str, out: &mut Vec<Piece>) {
-        if text.is_empty() {
-            return;
-        }
-        if text.trim().is_empty() {
+        let body = text.trim_end();
+        if body.is_empty() {
             self.pending_space.push_str(text);
             return;
         }
         let mut s = std::mem::take(&mut self.pending_space);
-        s.push_str(text);
+        s.push_str(body);
+        self.pending_space.push_str(&text[body.len()..]);
         match out.last_mut() {
             Some(Piece::Text(t)) => t.push_str(&s),
             _ => out.push(Piece::Text(s)),
@@ -167,7 +168,9 @@ fn parse_call(body: &str) -> Option<ParsedCall> {
 fn partial_suffix(text: &str, pat: &str) -> usize {
     (1..pat.len().min(text.len() + 1))
         .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && pat.starts_with(&text[text.len() - n..]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && pat.starts_with(&text[text.len() - n..])
+        })
         .unwrap_or(0)
 }
 
@@ -233,7 +236,9 @@ mod tests {
     #[test]
     fn text_is_released_as_soon_as_it_cannot_start_a_call() {
         let mut p = ToolCallParser::new();
-        assert_eq!(p.push("hello <to"), [Piece::Text("hello ".into())]);
-        assert_eq!(p.push("y"), [Piece::Text("<toy".into())]);
+        assert_eq!(p.push("hello <to"), [Piece::Text("hello".into())]);
+        assert_eq!(p.push("y"), [Piece::Text(" <toy".into())]);
+        assert_eq!(p.push(" \n"), []);
+        assert_eq!(p.finish(), [Piece::Text(" \n".into())]);
     }
 }

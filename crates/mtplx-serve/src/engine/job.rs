@@ -105,6 +105,24 @@ impl Summary {
     }
 }
 
+#[cfg(test)]
+impl Summary {
+    /// A summary for encoder and metrics tests.
+    pub(crate) fn for_test(finish: Finish, completion_tokens: usize) -> Self {
+        Summary {
+            finish,
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            new_prefill_tokens: 10,
+            completion_tokens,
+            ttft_s: Some(0.1),
+            prefill_s: 0.1,
+            decode_s: 0.5,
+            prompt_hash: String::new(),
+        }
+    }
+}
+
 /// The hash the request log records instead of the prompt.
 pub fn prompt_hash(tokens: &[u32]) -> String {
     let mut h = blake3::Hasher::new();

@@ -6,6 +6,7 @@
 mod job;
 mod worker;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -49,14 +50,22 @@ impl Engine {
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
     ) -> std::io::Result<Engine> {
-        let (tx, mut rx) = mpsc::channel::<(Job, mpsc::Sender<Event>)>(config.queue_capacity.max(1));
+        let (tx, mut rx) =
+            mpsc::channel::<(Job, mpsc::Sender<Event>)>(config.queue_capacity.max(1));
         let mut worker = worker::Worker::new(bundle, config, metrics.clone(), log);
         std::thread::Builder::new()
             .name("mtplx-engine".into())
             .spawn(move || {
                 while let Some((job, events)) = rx.blocking_recv() {
                     worker.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                    worker.run(job, events);
+                    // A panicking job fails alone (its client sees the stream end); the
+                    // next job starts from an emptied cache.
+                    let run =
+                        std::panic::catch_unwind(AssertUnwindSafe(|| worker.run(job, events)));
+                    if run.is_err() {
+                        worker.metrics.count_generation("panic");
+                        tracing::error!("a generation panicked; the engine carries on");
+                    }
                 }
             })?;
         Ok(Engine { tx, metrics })
@@ -69,10 +78,9 @@ impl Engine {
         self.tx.try_send((job, events_tx)).map_err(|e| {
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             match e {
-                mpsc::error::TrySendError::Full(_) => ApiError::overloaded(
-                    "The generation queue is full; retry shortly.",
-                    1,
-                ),
+                mpsc::error::TrySendError::Full(_) => {
+                    ApiError::overloaded("The generation queue is full; retry shortly.", 1)
+                }
                 mpsc::error::TrySendError::Closed(_) => {
                     ApiError::internal("The engine has stopped.")
                 }

@@ -122,8 +122,7 @@ impl Worker {
             if summary.completion_tokens >= job.max_tokens {
                 break Finish::Length;
             }
-            if prompt.len() + summary.completion_tokens >= config.context_window
-                || !gen.has_room()
+            if prompt.len() + summary.completion_tokens >= config.context_window || !gen.has_room()
             {
                 break Finish::ContextFull;
             }

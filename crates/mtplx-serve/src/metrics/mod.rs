@@ -11,8 +11,12 @@ pub use histogram::Histogram;
 
 use crate::engine::Summary;
 
-const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
-const RATE_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0];
+const TTFT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const RATE_BUCKETS: &[f64] = &[
+    1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+];
 
 /// Everything `/metrics` reports. Shared by the layers, the handlers and the engine.
 #[derive(Debug)]
@@ -106,7 +110,12 @@ impl Metrics {
         let mut out = String::new();
         out.push_str("# HELP mtplx_requests_total HTTP responses by route and status.\n");
         out.push_str("# TYPE mtplx_requests_total counter\n");
-        for ((route, status), n) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for ((route, status), n) in self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             let _ = writeln!(
                 out,
                 "mtplx_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
@@ -114,17 +123,38 @@ impl Metrics {
         }
         out.push_str("# HELP mtplx_generations_total Generations by how they ended.\n");
         out.push_str("# TYPE mtplx_generations_total counter\n");
-        for (reason, n) in self.generations.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for (reason, n) in self
+            .generations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             let _ = writeln!(
                 out,
                 "mtplx_generations_total{{finish_reason=\"{reason}\"}} {n}"
             );
         }
         let counters = [
-            ("mtplx_prompt_tokens_total", "Prompt tokens received.", &self.prompt_tokens),
-            ("mtplx_completion_tokens_total", "Tokens generated.", &self.completion_tokens),
-            ("mtplx_prefill_tokens_total", "Prompt tokens run through the model.", &self.prefill_tokens),
-            ("mtplx_decode_steps_total", "Decode steps run by the engine.", &self.decode_steps),
+            (
+                "mtplx_prompt_tokens_total",
+                "Prompt tokens received.",
+                &self.prompt_tokens,
+            ),
+            (
+                "mtplx_completion_tokens_total",
+                "Tokens generated.",
+                &self.completion_tokens,
+            ),
+            (
+                "mtplx_prefill_tokens_total",
+                "Prompt tokens run through the model.",
+                &self.prefill_tokens,
+            ),
+            (
+                "mtplx_decode_steps_total",
+                "Decode steps run by the engine.",
+                &self.decode_steps,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -174,9 +204,8 @@ mod tests {
             prompt_hash: String::new(),
         });
         let text = m.render();
-        assert!(text.contains(
-            "mtplx_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2\n"
-        ));
+        assert!(text
+            .contains("mtplx_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2\n"));
         assert!(text.contains("status=\"400\"} 1\n"));
         assert!(text.contains("mtplx_generations_total{finish_reason=\"length\"} 1\n"));
         assert!(text.contains("mtplx_prompt_tokens_total 7\n"));

@@ -111,17 +111,17 @@ mod tests {
                 keep: 2,
             },
         );
-        for line in ["aaaa", "bbbb", "cccc", "dddd"] {
+        for line in ["aaaa", "bbbb", "cccc", "dddd", "eeee", "ffff"] {
             f.write_line(line).unwrap();
         }
         let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
-        assert_eq!(read(path.clone()), "dddd\n");
-        assert_eq!(read(f.rotated(1)), "cccc\n");
+        assert_eq!(read(path.clone()), "eeee\nffff\n");
+        assert_eq!(read(f.rotated(1)), "cccc\ndddd\n");
         assert_eq!(read(f.rotated(2)), "aaaa\nbbbb\n");
-        f.write_line("eeee").unwrap();
-        f.write_line("ffff").unwrap();
-        assert_eq!(read(path), "ffff\n");
-        assert_eq!(read(f.rotated(2)), "dddd\n");
+        f.write_line("gggg").unwrap();
+        assert_eq!(read(path), "gggg\n");
+        assert_eq!(read(f.rotated(1)), "eeee\nffff\n");
+        assert_eq!(read(f.rotated(2)), "cccc\ndddd\n");
         assert!(!f.rotated(3).exists());
     }
 

@@ -14,6 +14,7 @@ use super::prompt::{self, Conversation};
 use super::tools::{parse_all, ParsedCall};
 use super::{check_model, json_response, openai_usage, read_json, sse, unix_now, RequestCtx};
 use crate::body::Body;
+use crate::engine::Finish;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -24,13 +25,19 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
     let body: ChatCompletionRequest = read_json(req.into_body()).await?;
     check_model(&state, body.model.as_deref())?;
     if body.messages.is_empty() {
-        return Err(ApiError::invalid_param("messages", "`messages` must not be empty."));
+        return Err(ApiError::invalid_param(
+            "messages",
+            "`messages` must not be empty.",
+        ));
     }
     if body.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_param("n", "Only `n: 1` is supported."));
     }
     if body.logprobs == Some(true) {
-        return Err(ApiError::invalid_param("logprobs", "`logprobs` is not supported."));
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            "`logprobs` is not supported.",
+        ));
     }
     let sampler = body.sampling().sampler()?;
     let max_tokens = match token_limit("max_completion_tokens", body.max_completion_tokens)? {
@@ -80,20 +87,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         return Ok(sse::response(events, encoder));
     }
     let done = generate::collect(events).await?;
-    let (content, calls) = if has_tools {
-        parse_all(&done.text)
-    } else {
-        (Some(done.text), Vec::new())
-    };
-    let finish = if calls.is_empty() {
-        done.summary.finish.as_openai()
-    } else {
-        "tool_calls"
-    };
-    let mut message = json!({ "role": "assistant", "content": content });
-    if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
-    }
+    let (message, finish) = assistant_message(done.text, has_tools, &done.summary.finish);
     Ok(json_response(&json!({
         "id": id,
         "object": "chat.completion",
@@ -110,6 +104,22 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
     })))
 }
 
+/// The assistant message for a generation's whole text, with tool calls parsed out when
+/// the request had tools, and its `finish_reason`.
+pub fn assistant_message(text: String, has_tools: bool, finish: &Finish) -> (Value, &'static str) {
+    let (content, calls) = if has_tools {
+        parse_all(&text)
+    } else {
+        (Some(text), Vec::new())
+    };
+    let mut message = json!({ "role": "assistant", "content": content });
+    if calls.is_empty() {
+        return (message, finish.as_openai());
+    }
+    message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
+    (message, "tool_calls")
+}
+
 /// An OpenAI `tool_calls` entry with a fresh id.
 pub fn tool_call_json(call: &ParsedCall) -> Value {
     json!({
@@ -117,4 +127,25 @@ pub fn tool_call_json(call: &ParsedCall) -> Value {
         "type": "function",
         "function": { "name": call.name, "arguments": call.arguments },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_calls_are_parsed_only_when_the_request_had_tools() {
+        let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let (m, finish) = assistant_message(text.into(), true, &Finish::StopToken);
+        assert_eq!(finish, "tool_calls");
+        assert!(m["content"].is_null());
+        let call = &m["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "f");
+        assert_eq!(call["function"]["arguments"], "{\"a\":1}");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        let (m, finish) = assistant_message(text.into(), false, &Finish::Length);
+        assert_eq!((m["content"].as_str(), finish), (Some(text), "length"));
+        assert!(m.get("tool_calls").is_none());
+    }
 }

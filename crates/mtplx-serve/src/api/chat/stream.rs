@@ -107,6 +107,64 @@ impl SseEncoder for ChatStream {
     }
 
     fn failed(&mut self, message: String) -> Vec<Bytes> {
-        vec![data(&ApiError::internal(message).to_json(Default::default())), done_marker()]
+        vec![
+            data(&ApiError::internal(message).to_json(Default::default())),
+            done_marker(),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::api::sse::tests::decode;
+    use crate::engine::Finish;
+
+    #[test]
+    fn tool_calls_stream_as_tool_call_deltas() {
+        let mut enc = ChatStream::new("id".into(), "m".into(), true, true);
+        let mut frames = enc.open();
+        for piece in [
+            "Sure. <tool",
+            "_call>{\"name\": \"f\", ",
+            "\"arguments\": {}}</tool_call>",
+        ] {
+            frames.extend(enc.text(piece.into()));
+        }
+        frames.extend(enc.done(Summary::for_test(Finish::StopToken, 9)));
+        let events = decode(&frames);
+        let content: String = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, "Sure.");
+        let calls: Vec<&Value> = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+            .collect();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0]["index"], 0);
+        assert_eq!(calls[0]["function"]["name"], "f");
+        assert_eq!(calls[0]["function"]["arguments"], "{}");
+        let finish: Vec<&Value> = events
+            .iter()
+            .map(|e| &e["choices"][0]["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, [&json!("tool_calls")]);
+        assert_eq!(events[events.len() - 2]["usage"]["completion_tokens"], 9);
+        assert_eq!(events.last().unwrap(), "[DONE]");
+    }
+
+    #[test]
+    fn without_tools_the_markup_is_plain_content() {
+        let mut enc = ChatStream::new("id".into(), "m".into(), false, false);
+        let frames = enc.text("<tool_call>{}</tool_call>".into());
+        assert_eq!(
+            decode(&frames)[0]["choices"][0]["delta"]["content"],
+            "<tool_call>{}</tool_call>"
+        );
     }
 }

@@ -55,7 +55,9 @@ fn presented<B>(req: &Request<B>) -> Option<&[u8]> {
     if let Some(v) = h.get(header::AUTHORIZATION) {
         let v = v.as_bytes();
         let scheme = v.get(..7)?;
-        return scheme.eq_ignore_ascii_case(b"bearer ").then(|| v[7..].trim_ascii());
+        return scheme
+            .eq_ignore_ascii_case(b"bearer ")
+            .then(|| v[7..].trim_ascii());
     }
     h.get("x-api-key").map(|v| v.as_bytes().trim_ascii())
 }
@@ -115,11 +117,23 @@ mod tests {
     async fn checks_bearer_and_x_api_key() {
         let k = Some("s3cret");
         assert_eq!(status(k, post(None)).await, 401);
-        assert_eq!(status(k, post(Some(("authorization", "Bearer nope")))).await, 401);
-        assert_eq!(status(k, post(Some(("authorization", "Basic s3cret")))).await, 401);
+        assert_eq!(
+            status(k, post(Some(("authorization", "Bearer nope")))).await,
+            401
+        );
+        assert_eq!(
+            status(k, post(Some(("authorization", "Basic s3cret")))).await,
+            401
+        );
         assert_eq!(status(k, post(Some(("x-api-key", "s3cret0")))).await, 401);
-        assert_eq!(status(k, post(Some(("authorization", "Bearer s3cret")))).await, 200);
-        assert_eq!(status(k, post(Some(("authorization", "bearer s3cret")))).await, 200);
+        assert_eq!(
+            status(k, post(Some(("authorization", "Bearer s3cret")))).await,
+            200
+        );
+        assert_eq!(
+            status(k, post(Some(("authorization", "bearer s3cret")))).await,
+            200
+        );
         assert_eq!(status(k, post(Some(("x-api-key", "s3cret")))).await, 200);
     }
 

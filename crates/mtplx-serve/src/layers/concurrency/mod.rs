@@ -51,11 +51,13 @@ pub struct ConcurrencyLimit<S> {
 
 impl<S> ConcurrencyLimit<S> {
     pub fn new(inner: S, max: usize) -> Self {
-        ConcurrencyLimit {
-            inner,
-            slots: Arc::new(Semaphore::new(max)),
-            max,
-        }
+        ConcurrencyLimit::shared(inner, Arc::new(Semaphore::new(max)), max)
+    }
+
+    /// A limit over `slots`, which other services may share (every app built from one
+    /// [`crate::AppState`] shares its slots).
+    pub fn shared(inner: S, slots: Arc<Semaphore>, max: usize) -> Self {
+        ConcurrencyLimit { inner, slots, max }
     }
 
     /// Requests in flight now.
@@ -107,16 +109,38 @@ mod tests {
     use crate::layers::testing::echo;
 
     #[tokio::test]
+    async fn limits_built_over_the_same_slots_share_them() {
+        let slots = Arc::new(Semaphore::new(1));
+        let a = ConcurrencyLimit::shared(echo(), slots.clone(), 1);
+        let b = ConcurrencyLimit::shared(echo(), slots, 1);
+        let _held = a.oneshot(Request::new(Body::from("a"))).await.unwrap();
+        let refused = b.oneshot(Request::new(Body::empty())).await.unwrap();
+        assert_eq!(refused.status(), 503);
+    }
+
+    #[tokio::test]
     async fn refuses_beyond_the_limit_until_a_body_is_done() {
         let svc = ConcurrencyLimit::new(echo(), 1);
-        let held = svc.clone().oneshot(Request::new(Body::from("a"))).await.unwrap();
+        let held = svc
+            .clone()
+            .oneshot(Request::new(Body::from("a")))
+            .await
+            .unwrap();
         assert_eq!(svc.active(), 1);
-        let refused = svc.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+        let refused = svc
+            .clone()
+            .oneshot(Request::new(Body::empty()))
+            .await
+            .unwrap();
         assert_eq!(refused.status(), 503);
         assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
         assert_eq!(held.into_body().collect().await.unwrap().to_bytes(), "a");
         assert_eq!(svc.active(), 0);
-        let again = svc.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+        let again = svc
+            .clone()
+            .oneshot(Request::new(Body::empty()))
+            .await
+            .unwrap();
         assert_eq!(again.status(), 200);
         drop(again);
         assert_eq!(svc.active(), 0);

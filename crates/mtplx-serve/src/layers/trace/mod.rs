@@ -18,8 +18,11 @@ pub fn make_span<B>(req: &Request<B>) -> Span {
     tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
 }
 
+/// The tracing layer's type: HTTP classification, spans from [`make_span`].
+pub type Trace<B> = TraceLayer<SharedClassifier<ServerErrorsAsFailures>, fn(&Request<B>) -> Span>;
+
 /// The tracing layer.
-pub fn layer<B>() -> TraceLayer<SharedClassifier<ServerErrorsAsFailures>, fn(&Request<B>) -> Span> {
+pub fn layer<B>() -> Trace<B> {
     TraceLayer::new_for_http().make_span_with(make_span as fn(&Request<B>) -> Span)
 }
 
