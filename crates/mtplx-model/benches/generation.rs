@@ -9,9 +9,11 @@ use mtplx_kv::CacheFactory;
 use mtplx_model::{prefill, LanguageModel, Model, Want, WeightFormat};
 
 fn model_path() -> PathBuf {
-    std::env::var_os("MTPLX_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
-    })
+    std::env::var_os("MTPLX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
+        })
 }
 
 /// A deterministic token stream that looks like text to the model.
@@ -22,10 +24,15 @@ fn tokens(n: usize) -> Vec<u32> {
 fn bench(c: &mut Criterion) {
     let path = model_path();
     for (format, prefill_lens, decode_ctx) in [
-        (WeightFormat::F32, &[512usize, 2048][..], &[128usize, 2048][..]),
+        (
+            WeightFormat::F32,
+            &[512usize, 2048][..],
+            &[128usize, 2048][..],
+        ),
         (WeightFormat::Quantized, &[512][..], &[128][..]),
     ] {
-        let model = Model::load(&path, format).expect("the default model (cargo xtask fetch-model)");
+        let model =
+            Model::load(&path, format).expect("the default model (cargo xtask fetch-model)");
         let shape = model.config().kv_shape();
         let name = format!("{format:?}").to_lowercase();
 

@@ -9,7 +9,9 @@ use mtplx_model::{generate_greedy, Bundle, LanguageModel, WeightFormat};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let path = args.get(1).expect("usage: generate MODEL [f32|quantized] PROMPT");
+    let path = args
+        .get(1)
+        .expect("usage: generate MODEL [f32|quantized] PROMPT");
     let format = args
         .get(2)
         .and_then(|f| WeightFormat::parse(f))
@@ -27,7 +29,14 @@ fn main() -> anyhow::Result<()> {
     let ids = b.tokenizer.encode(&text, true)?;
     let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
     let t = Instant::now();
-    let out = generate_greedy(&b.model, cache.as_mut(), &ids, 64, b.tokenizer.stop_ids(), 512)?;
+    let out = generate_greedy(
+        &b.model,
+        cache.as_mut(),
+        &ids,
+        64,
+        b.tokenizer.stop_ids(),
+        512,
+    )?;
     let dt = t.elapsed();
     println!("{}", b.tokenizer.decode(&out, true)?);
     eprintln!(

@@ -78,7 +78,9 @@ pub fn model_id(path: &Path) -> String {
     };
     let name = name.map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
     match name.rsplit_once('.') {
-        Some((stem, quant)) if quant.starts_with(['Q', 'q', 'F', 'f', 'B', 'b']) => stem.to_string(),
+        Some((stem, quant)) if quant.starts_with(['Q', 'q', 'F', 'f', 'B', 'b']) => {
+            stem.to_string()
+        }
         _ => name,
     }
 }

@@ -136,7 +136,9 @@ impl ModelConfig {
             })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let int = |k: &str| -> Result<usize> {
-            let v = md.get(&key(k)).ok_or_else(|| bad(format!("missing {}", key(k))))?;
+            let v = md
+                .get(&key(k))
+                .ok_or_else(|| bad(format!("missing {}", key(k))))?;
             v.to_u64()
                 .or_else(|_| v.to_u32().map(u64::from))
                 .or_else(|_| v.to_i32().map(|x| x.max(0) as u64))
@@ -168,8 +170,12 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: float("attention.layer_norm_rms_epsilon")
-                .ok_or_else(|| bad(format!("missing {}", key("attention.layer_norm_rms_epsilon"))))?,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon").ok_or_else(|| {
+                bad(format!(
+                    "missing {}",
+                    key("attention.layer_norm_rms_epsilon")
+                ))
+            })?,
             rope_theta: float("rope.freq_base").unwrap_or(10_000.0),
             // llama.cpp stores Llama Q/K permuted for interleaved RoPE; Qwen uses NeoX.
             rope_style: match arch {
@@ -262,7 +268,9 @@ mod tests {
     #[test]
     fn rejects_bad_configs() {
         let e = ModelConfig::from_hf_json(Path::new("c.json"), &QWEN3.replace("qwen3", "gpt2"));
-        assert!(matches!(e, Err(ModelError::UnsupportedArchitecture { arch, .. }) if arch == "gpt2"));
+        assert!(
+            matches!(e, Err(ModelError::UnsupportedArchitecture { arch, .. }) if arch == "gpt2")
+        );
         let e = ModelConfig::from_hf_json(
             Path::new("c.json"),
             &QWEN3.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3"),

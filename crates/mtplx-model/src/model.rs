@@ -144,7 +144,10 @@ impl Model {
                 (q, k, v)
             };
             let (q_norm, k_norm) = if c.qk_norm {
-                (Some(vec(TensorRole::QNorm, hd)?), Some(vec(TensorRole::KNorm, hd)?))
+                (
+                    Some(vec(TensorRole::QNorm, hd)?),
+                    Some(vec(TensorRole::KNorm, hd)?),
+                )
             } else {
                 (None, None)
             };

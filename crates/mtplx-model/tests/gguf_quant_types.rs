@@ -45,7 +45,10 @@ fn quant_types_track_the_f32_model() {
         let deq = logits(&path, WeightFormat::F32);
         let quant = logits(&path, WeightFormat::Quantized);
         let e = rel_err(&deq, &reference);
-        eprintln!("{dtype:?}: dequantised {e}, quantized-vs-dequantised {}", rel_err(&quant, &deq));
+        eprintln!(
+            "{dtype:?}: dequantised {e}, quantized-vs-dequantised {}",
+            rel_err(&quant, &deq)
+        );
         assert!(e < bound, "{dtype:?}: dequantised error {e} over {bound}");
         // Same weights, different product: quantized activations add a little error only.
         let e = rel_err(&quant, &deq);

@@ -47,7 +47,9 @@ const LOGIT_TOLERANCE: f32 = 2e-3;
 pub fn model_path() -> PathBuf {
     std::env::var_os("MTPLX_TEST_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL))
+        .unwrap_or_else(|| {
+            mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
+        })
 }
 
 fn load(format: WeightFormat) -> Bundle {
@@ -93,7 +95,13 @@ fn f32_path_matches_the_reference_token_for_token() {
         let logits = out.last_logits();
         assert_eq!(argmax(logits), case.first_step.argmax, "{}", case.name);
         let probes = g.probe_ids.iter().zip(&case.first_step.probe_logits);
-        for (&id, &want) in case.first_step.top20.iter().map(|(i, v)| (i, v)).chain(probes) {
+        for (&id, &want) in case
+            .first_step
+            .top20
+            .iter()
+            .map(|(i, v)| (i, v))
+            .chain(probes)
+        {
             let err = (logits[id as usize] - want).abs();
             worst = worst.max(err);
             assert!(
@@ -107,11 +115,18 @@ fn f32_path_matches_the_reference_token_for_token() {
         let mut next = argmax(logits);
         let mut got = vec![next];
         while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-            let out = b.model.forward(&[next], cache.as_mut(), Want::Last).unwrap();
+            let out = b
+                .model
+                .forward(&[next], cache.as_mut(), Want::Last)
+                .unwrap();
             next = argmax(out.last_logits());
             got.push(next);
         }
-        assert_eq!(got, case.generated_ids, "{}: greedy continuation (chunk {chunk})", case.name);
+        assert_eq!(
+            got, case.generated_ids,
+            "{}: greedy continuation (chunk {chunk})",
+            case.name
+        );
     }
     eprintln!("worst first-step logit error against the float64 reference: {worst:e}");
 }
@@ -127,10 +142,18 @@ fn quantized_path_stays_close_to_the_reference() {
     let mut worst = 0f32;
     for case in g.golden.cases.iter().filter(|c| c.prompt_ids.len() < 512) {
         let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
-        let out = b.model.forward(&case.prompt_ids, cache.as_mut(), Want::Last).unwrap();
+        let out = b
+            .model
+            .forward(&case.prompt_ids, cache.as_mut(), Want::Last)
+            .unwrap();
         let logits = out.last_logits();
         let top5: Vec<u32> = case.first_step.top20.iter().take(5).map(|p| p.0).collect();
-        assert!(top5.contains(&argmax(logits)), "{}: {} not in {top5:?}", case.name, argmax(logits));
+        assert!(
+            top5.contains(&argmax(logits)),
+            "{}: {} not in {top5:?}",
+            case.name,
+            argmax(logits)
+        );
         for &(id, want) in &case.first_step.top20 {
             worst = worst.max((logits[id as usize] - want).abs());
         }

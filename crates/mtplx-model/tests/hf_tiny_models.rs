@@ -23,14 +23,15 @@ struct Case {
 }
 
 fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(arch)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(arch)
 }
 
 fn check(arch: &str, want_arch: Architecture) {
     let dir = fixture(arch);
     let expected: Expected =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     assert_eq!(expected.model_type, arch);
     let model = Model::load(&dir, WeightFormat::F32).unwrap();
     assert_eq!(model.config().arch, want_arch);
@@ -38,7 +39,9 @@ fn check(arch: &str, want_arch: Architecture) {
     let factory = CacheFactory::contiguous();
     for case in &expected.cases {
         let mut cache = factory.new_cache(model.config().kv_shape());
-        let out = model.forward(&case.input_ids, cache.as_mut(), Want::Last).unwrap();
+        let out = model
+            .forward(&case.input_ids, cache.as_mut(), Want::Last)
+            .unwrap();
         let err = out
             .last_logits()
             .iter()
@@ -50,9 +53,13 @@ fn check(arch: &str, want_arch: Architecture) {
         for chunk in [1, 3, 512] {
             let mut cache = factory.new_cache(model.config().kv_shape());
             let n = case.greedy_tokens.len();
-            let got = generate_greedy(&model, cache.as_mut(), &case.input_ids, n, &[], chunk)
-                .unwrap();
-            assert_eq!(got, case.greedy_tokens, "{arch}/{} chunk {chunk}", case.name);
+            let got =
+                generate_greedy(&model, cache.as_mut(), &case.input_ids, n, &[], chunk).unwrap();
+            assert_eq!(
+                got, case.greedy_tokens,
+                "{arch}/{} chunk {chunk}",
+                case.name
+            );
         }
     }
 }

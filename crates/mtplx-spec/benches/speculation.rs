@@ -22,14 +22,21 @@ fn prompt(b: &Bundle, text: &str) -> Vec<u32> {
         add_generation_prompt: true,
         ..Default::default()
     };
-    let rendered = b.template.as_ref().expect("template").render(&req).expect("render");
+    let rendered = b
+        .template
+        .as_ref()
+        .expect("template")
+        .render(&req)
+        .expect("render");
     b.tokenizer.encode(&rendered, true).expect("encode")
 }
 
 fn bench(c: &mut Criterion) {
-    let path = std::env::var_os("MTPLX_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
-    });
+    let path = std::env::var_os("MTPLX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
+        });
     let b = Bundle::load(&path, WeightFormat::F32).expect("default model");
     let model = &b.model;
     let shape = model.config().kv_shape();
@@ -46,12 +53,16 @@ fn bench(c: &mut Criterion) {
         let mut base = CacheFactory::contiguous().new_cache(shape);
         mtplx_model::prefill(model, &ids[..ids.len() - 1], base.as_mut(), 512).unwrap();
         let snapshot = base.snapshot();
-        let fresh = || CacheFactory::contiguous().restore(&*snapshot, ids.len() - 1).unwrap();
+        let fresh = || {
+            CacheFactory::contiguous()
+                .restore(&*snapshot, ids.len() - 1)
+                .unwrap()
+        };
         g.bench_function("plain", |bench| {
             bench.iter(|| {
                 let mut cache = fresh();
-                let mut gen = Generator::new(model, cache.as_mut(), &ids, Sampler::greedy(), 512)
-                    .unwrap();
+                let mut gen =
+                    Generator::new(model, cache.as_mut(), &ids, Sampler::greedy(), 512).unwrap();
                 for _ in 0..NEW_TOKENS {
                     gen.step().unwrap();
                 }

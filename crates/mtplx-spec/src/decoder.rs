@@ -71,7 +71,10 @@ impl<'a> SpecDecoder<'a> {
 
     /// Room left in the context window (tokens).
     fn room(&self) -> usize {
-        self.model.config().context_length.saturating_sub(self.tokens.len())
+        self.model
+            .config()
+            .context_length
+            .saturating_sub(self.tokens.len())
     }
 
     /// One step: draft up to `depth` tokens, verify them, and append what is accepted plus

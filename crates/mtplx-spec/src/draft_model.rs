@@ -71,7 +71,11 @@ impl<M: LanguageModel> Proposer for DraftModel<M> {
         if ctx.tokens.is_empty() || ctx.max_len == 0 {
             return Ok(Draft::default());
         }
-        let room = self.model.config().context_length.saturating_sub(ctx.tokens.len());
+        let room = self
+            .model
+            .config()
+            .context_length
+            .saturating_sub(ctx.tokens.len());
         let k = ctx.max_len.min(room);
         let mut logits = self.sync(ctx.tokens)?;
         let mut draft = Draft {

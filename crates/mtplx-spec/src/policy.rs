@@ -12,7 +12,10 @@ pub enum DepthPolicy {
     ExpectedValue(Acceptance),
     /// Maximise expected tokens per unit of measured step time, with EMAs of step time per
     /// depth.
-    Cost { accept: Acceptance, step_secs: Vec<Option<f64>> },
+    Cost {
+        accept: Acceptance,
+        step_secs: Vec<Option<f64>>,
+    },
 }
 
 /// Moving averages of the acceptance rate at each depth (given the previous was accepted).
@@ -74,10 +77,12 @@ impl DepthPolicy {
         match self {
             DepthPolicy::Fixed(d) => *d,
             DepthPolicy::Streak { depth, .. } => *depth,
-            DepthPolicy::ExpectedValue(a) => (0..=a.max_depth())
-                .map(|d| (d, a.expected_tokens(d) / (1.0 + DRAFT_COST * d as f64)))
-                .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
-                .0,
+            DepthPolicy::ExpectedValue(a) => {
+                (0..=a.max_depth())
+                    .map(|d| (d, a.expected_tokens(d) / (1.0 + DRAFT_COST * d as f64)))
+                    .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
+                    .0
+            }
             DepthPolicy::Cost { accept, step_secs } => {
                 // Explore any depth never timed; then pick the best tokens per second.
                 if let Some(d) = step_secs.iter().position(Option::is_none) {

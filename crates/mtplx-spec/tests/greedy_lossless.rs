@@ -52,7 +52,12 @@ fn check_all(target: &Model, draft: impl Fn() -> Model, prompts: &[Vec<u32>], n:
                 let mut policy = DepthPolicy::fixed(depth);
                 let (got, kv, stats) = speculative(target, prompt, n, p.as_mut(), &mut policy);
                 assert_eq!(got, want, "{} depth {depth}", p.name());
-                assert_eq!(kv.len(), want_kv.len(), "{} depth {depth}: KV length", p.name());
+                assert_eq!(
+                    kv.len(),
+                    want_kv.len(),
+                    "{} depth {depth}: KV length",
+                    p.name()
+                );
                 // Bit-identical KV needs projections whose rows do not depend on the batch
                 // (issue 9); candle's f32 GEMM is not, so for now: equal within 1e-4.
                 let diff = kv
@@ -60,7 +65,11 @@ fn check_all(target: &Model, draft: impl Fn() -> Model, prompts: &[Vec<u32>], n:
                     .zip(&want_kv)
                     .map(|(a, b)| (f32::from_bits(*a) - f32::from_bits(*b)).abs())
                     .fold(0f32, f32::max);
-                assert!(diff < 1e-4, "{} depth {depth}: KV differs by {diff}", p.name());
+                assert!(
+                    diff < 1e-4,
+                    "{} depth {depth}: KV differs by {diff}",
+                    p.name()
+                );
                 assert!(stats.verify_calls > 0 || p.name() == "lookup");
             }
         }

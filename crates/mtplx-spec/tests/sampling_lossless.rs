@@ -128,7 +128,11 @@ fn ratio_rule_matches_plain_sampling_in_distribution() {
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .flat_map(|t0| {
-            let p0: f64 = expected.iter().filter(|(k, _)| k.0 == t0).map(|(_, p)| p).sum();
+            let p0: f64 = expected
+                .iter()
+                .filter(|(k, _)| k.0 == t0)
+                .map(|(_, p)| p)
+                .sum();
             let mut c = common::cache(&draft_model);
             let mut ctx = PROMPT.to_vec();
             ctx.push(t0);
@@ -145,7 +149,10 @@ fn ratio_rule_matches_plain_sampling_in_distribution() {
         .map(|(k, p)| (*k, (p * SAMPLES as f64).round() as u64))
         .collect();
     let (wrong, _) = chi_square(&as_counts, &expected, SAMPLES as f64);
-    assert!(wrong > 10.0 * crit, "the test has no power: {wrong:.1} vs {crit:.1}");
+    assert!(
+        wrong > 10.0 * crit,
+        "the test has no power: {wrong:.1} vs {crit:.1}"
+    );
 }
 
 #[test]
@@ -161,8 +168,14 @@ fn deterministic_drafts_reproduce_plain_sampling_exactly() {
             seed,
         });
         let mut cache = common::cache(&target);
-        let mut g = Generator::new(&target, cache.as_mut(), &prompt, Sampler::new(s, Penalties::default()), 64)
-            .unwrap();
+        let mut g = Generator::new(
+            &target,
+            cache.as_mut(),
+            &prompt,
+            Sampler::new(s, Penalties::default()),
+            64,
+        )
+        .unwrap();
         for _ in 0..20 {
             g.step().unwrap();
         }
@@ -178,10 +191,16 @@ fn deterministic_drafts_reproduce_plain_sampling_exactly() {
             for p in proposers {
                 let mut cache = common::cache(&target);
                 let sampler = Sampler::new(s, Penalties::default());
-                let mut d = SpecDecoder::new(&target, cache.as_mut(), &prompt, sampler, 64).unwrap();
+                let mut d =
+                    SpecDecoder::new(&target, cache.as_mut(), &prompt, sampler, 64).unwrap();
                 let mut policy = mtplx_spec::DepthPolicy::fixed(depth);
                 mtplx_spec::generate(&mut d, p, &mut policy, 20, &|_| false).unwrap();
-                assert_eq!(d.generated(), want, "seed {seed} depth {depth} {}", p.name());
+                assert_eq!(
+                    d.generated(),
+                    want,
+                    "seed {seed} depth {depth} {}",
+                    p.name()
+                );
             }
         }
     }

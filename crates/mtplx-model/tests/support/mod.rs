@@ -56,18 +56,53 @@ pub fn tensors(spec: &TinySpec) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         };
         out.push((name, shape, v));
     };
-    add("token_embd.weight".into(), vec![spec.vocab, spec.hidden], 1.0, false);
+    add(
+        "token_embd.weight".into(),
+        vec![spec.vocab, spec.hidden],
+        1.0,
+        false,
+    );
     for l in 0..spec.layers {
         let p = |s: &str| format!("blk.{l}.{s}");
         add(p("attn_norm.weight"), vec![spec.hidden], 0.0, true);
-        add(p("attn_q.weight"), vec![spec.heads * hd, spec.hidden], 0.12, false);
-        add(p("attn_k.weight"), vec![spec.kv_heads * hd, spec.hidden], 0.12, false);
-        add(p("attn_v.weight"), vec![spec.kv_heads * hd, spec.hidden], 0.12, false);
-        add(p("attn_output.weight"), vec![spec.hidden, spec.heads * hd], 0.06, false);
+        add(
+            p("attn_q.weight"),
+            vec![spec.heads * hd, spec.hidden],
+            0.12,
+            false,
+        );
+        add(
+            p("attn_k.weight"),
+            vec![spec.kv_heads * hd, spec.hidden],
+            0.12,
+            false,
+        );
+        add(
+            p("attn_v.weight"),
+            vec![spec.kv_heads * hd, spec.hidden],
+            0.12,
+            false,
+        );
+        add(
+            p("attn_output.weight"),
+            vec![spec.hidden, spec.heads * hd],
+            0.06,
+            false,
+        );
         add(p("ffn_norm.weight"), vec![spec.hidden], 0.0, true);
-        add(p("ffn_gate.weight"), vec![spec.ffn, spec.hidden], 0.1, false);
+        add(
+            p("ffn_gate.weight"),
+            vec![spec.ffn, spec.hidden],
+            0.1,
+            false,
+        );
         add(p("ffn_up.weight"), vec![spec.ffn, spec.hidden], 0.1, false);
-        add(p("ffn_down.weight"), vec![spec.hidden, spec.ffn], 0.06, false);
+        add(
+            p("ffn_down.weight"),
+            vec![spec.hidden, spec.ffn],
+            0.06,
+            false,
+        );
     }
     add("output_norm.weight".into(), vec![spec.hidden], 0.0, true);
     out
@@ -79,11 +114,26 @@ pub fn metadata(spec: &TinySpec) -> Vec<(String, Value)> {
         ("general.architecture".into(), Value::String(a.into())),
         (format!("{a}.block_count"), Value::U32(spec.layers as u32)),
         (format!("{a}.context_length"), Value::U32(256)),
-        (format!("{a}.embedding_length"), Value::U32(spec.hidden as u32)),
-        (format!("{a}.feed_forward_length"), Value::U32(spec.ffn as u32)),
-        (format!("{a}.attention.head_count"), Value::U32(spec.heads as u32)),
-        (format!("{a}.attention.head_count_kv"), Value::U32(spec.kv_heads as u32)),
-        (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (
+            format!("{a}.embedding_length"),
+            Value::U32(spec.hidden as u32),
+        ),
+        (
+            format!("{a}.feed_forward_length"),
+            Value::U32(spec.ffn as u32),
+        ),
+        (
+            format!("{a}.attention.head_count"),
+            Value::U32(spec.heads as u32),
+        ),
+        (
+            format!("{a}.attention.head_count_kv"),
+            Value::U32(spec.kv_heads as u32),
+        ),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        ),
         (format!("{a}.rope.freq_base"), Value::F32(10_000.0)),
         (format!("{a}.vocab_size"), Value::U32(spec.vocab as u32)),
     ]
@@ -103,7 +153,11 @@ pub fn write(
         .into_iter()
         .map(|(name, shape, v)| {
             let t = Tensor::from_vec(v, shape.as_slice(), &Device::Cpu).unwrap();
-            let dt = if shape.len() == 2 { dtype } else { GgmlDType::F32 };
+            let dt = if shape.len() == 2 {
+                dtype
+            } else {
+                GgmlDType::F32
+            };
             (name, QTensor::quantize(&t, dt).unwrap())
         })
         .collect();

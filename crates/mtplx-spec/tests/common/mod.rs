@@ -13,10 +13,16 @@ pub fn tiny(arch: &str) -> Model {
 }
 
 pub fn default_path() -> PathBuf {
-    let path = std::env::var_os("MTPLX_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
-    });
-    assert!(path.exists(), "default model missing at {}: cargo xtask fetch-model", path.display());
+    let path = std::env::var_os("MTPLX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
+        });
+    assert!(
+        path.exists(),
+        "default model missing at {}: cargo xtask fetch-model",
+        path.display()
+    );
     path
 }
 
