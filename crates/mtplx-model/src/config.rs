@@ -104,13 +104,13 @@ impl ModelConfig {
         if let Some((name, _)) = dims.iter().find(|(_, v)| *v == 0) {
             return Err(bad(format!("{name} is zero")));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(bad(format!(
                 "{} attention heads cannot share {} KV heads",
                 self.num_heads, self.num_kv_heads
             )));
         }
-        if self.head_dim % 2 != 0 || self.head_dim > mtplx_kv::attention::MAX_HEAD_DIM {
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > mtplx_kv::attention::MAX_HEAD_DIM {
             return Err(bad(format!("unsupported head_dim {}", self.head_dim)));
         }
         if !(self.rms_norm_eps > 0.0 && self.rope_theta > 0.0) {
