@@ -42,7 +42,10 @@ fn layouts() -> [(&'static str, CacheFactory); 3] {
 
 /// Greedy tokens and the bits of every step's logits. `cache` already holds
 /// `prompt[..cache.len()]`, a multiple of [`CHUNK`].
-fn greedy_bits(model: &Model, cache: &mut dyn KvCache, prompt: &[u32]) -> (Vec<u32>, Vec<u32>) {
+/// The greedy tokens and the bits of every step's logits.
+type Trace = (Vec<u32>, Vec<u32>);
+
+fn greedy_bits(model: &Model, cache: &mut dyn KvCache, prompt: &[u32]) -> Trace {
     assert_eq!(cache.len() % CHUNK, 0);
     let rest = &prompt[cache.len()..];
     let mut out = Default::default();
@@ -104,7 +107,7 @@ fn logits_are_bit_identical_across_layouts_and_prefix_paths() -> anyhow::Result<
     let shape = model.config().kv_shape();
 
     // Cold, in each layout.
-    let mut paths: Vec<(String, (Vec<u32>, Vec<u32>))> = Vec::new();
+    let mut paths: Vec<(String, Trace)> = Vec::new();
     for (name, factory) in layouts() {
         let mut cache = factory.new_cache(shape);
         paths.push((
