@@ -40,11 +40,11 @@ fn layouts() -> [(&'static str, CacheFactory); 3] {
     ]
 }
 
-/// Greedy tokens and the bits of every step's logits. `cache` already holds
-/// `prompt[..cache.len()]`, a multiple of [`CHUNK`].
 /// The greedy tokens and the bits of every step's logits.
 type Trace = (Vec<u32>, Vec<u32>);
 
+/// Greedy tokens and the bits of every step's logits. `cache` already holds
+/// `prompt[..cache.len()]`, a multiple of [`CHUNK`].
 fn greedy_bits(model: &Model, cache: &mut dyn KvCache, prompt: &[u32]) -> Trace {
     assert_eq!(cache.len() % CHUNK, 0);
     let rest = &prompt[cache.len()..];
