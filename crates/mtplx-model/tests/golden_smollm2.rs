@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use mtplx_kv::CacheFactory;
-use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
+use mtplx_model::chat::{ChatMessage, ChatRequest};
 use mtplx_model::sampling::argmax;
 use mtplx_model::{prefill, Bundle, LanguageModel, Want, WeightFormat};
 use serde::Deserialize;
