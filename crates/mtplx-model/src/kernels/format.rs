@@ -1,0 +1,102 @@
+//! The weight formats a [`QuantMatrix`](super::QuantMatrix) holds: their GGUF block geometry
+//! and the byte size of one packed tile-block.
+
+use candle_core::quantized::GgmlDType;
+
+/// Output rows per tile: the lanes of one 16-wide vector, one output row per lane.
+pub const TILE: usize = 16;
+
+/// A weight format. The quantized ones keep the file's blocks bit for bit (rearranged, not
+/// requantized); the dense ones are plain numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum QuantFormat {
+    F32,
+    F16,
+    BF16,
+    /// 32 weights: f16 `d`, 16 bytes of nibbles; `w = (q - 8) d`.
+    Q4_0,
+    /// 32 weights: f16 `d`, f16 `m`, 16 bytes of nibbles; `w = q d + m`.
+    Q4_1,
+    /// 32 weights: f16 `d`, 32 `i8`; `w = q d`.
+    Q8_0,
+    /// 256 weights in 8 sub-blocks of 32 with 6-bit scales and mins.
+    Q4K,
+    /// 256 weights of 6 bits in 16 sub-blocks of 16 with `i8` scales.
+    Q6K,
+}
+
+impl QuantFormat {
+    /// Every supported format.
+    pub const ALL: [QuantFormat; 8] = [
+        QuantFormat::F32,
+        QuantFormat::F16,
+        QuantFormat::BF16,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4K,
+        QuantFormat::Q6K,
+    ];
+
+    /// The format of a GGUF tensor type, if supported.
+    pub fn from_ggml(dtype: GgmlDType) -> Option<Self> {
+        Some(match dtype {
+            GgmlDType::F32 => QuantFormat::F32,
+            GgmlDType::F16 => QuantFormat::F16,
+            GgmlDType::BF16 => QuantFormat::BF16,
+            GgmlDType::Q4_0 => QuantFormat::Q4_0,
+            GgmlDType::Q4_1 => QuantFormat::Q4_1,
+            GgmlDType::Q8_0 => QuantFormat::Q8_0,
+            GgmlDType::Q4K => QuantFormat::Q4K,
+            GgmlDType::Q6K => QuantFormat::Q6K,
+            _ => return None,
+        })
+    }
+
+    /// The GGUF tensor type.
+    pub fn ggml(self) -> GgmlDType {
+        match self {
+            QuantFormat::F32 => GgmlDType::F32,
+            QuantFormat::F16 => GgmlDType::F16,
+            QuantFormat::BF16 => GgmlDType::BF16,
+            QuantFormat::Q4_0 => GgmlDType::Q4_0,
+            QuantFormat::Q4_1 => GgmlDType::Q4_1,
+            QuantFormat::Q8_0 => GgmlDType::Q8_0,
+            QuantFormat::Q4K => GgmlDType::Q4K,
+            QuantFormat::Q6K => GgmlDType::Q6K,
+        }
+    }
+
+    /// Weights per GGUF block (1 for the dense formats).
+    pub fn block_len(self) -> usize {
+        match self {
+            QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16 => 1,
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0 => 32,
+            QuantFormat::Q4K | QuantFormat::Q6K => 256,
+        }
+    }
+
+    /// Bytes per GGUF block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantFormat::F32 => 4,
+            QuantFormat::F16 | QuantFormat::BF16 => 2,
+            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_1 => 20,
+            QuantFormat::Q8_0 => 34,
+            QuantFormat::Q4K => 144,
+            QuantFormat::Q6K => 210,
+        }
+    }
+
+    /// Bytes of one packed tile-block: [`TILE`] rows × [`block_len`](Self::block_len) inputs.
+    /// Equal to `TILE × block_bytes` except Q4_K, whose 6-bit scales are unpacked to bytes
+    /// (+2.8%).
+    pub fn tile_block_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q4K => 2368,
+            f => TILE * f.block_bytes(),
+        }
+    }
+}

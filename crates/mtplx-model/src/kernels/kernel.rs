@@ -1,0 +1,192 @@
+//! The matrix product over a range of tiles, generic over the instruction set and layout.
+//!
+//! Each output `y[r][o]` has its own accumulator, and every kernel shape runs the same
+//! sequence on it: `acc = 0; for i in 0..cols { acc = fma(w[o][i], x[r][i], acc) }`. The
+//! blocking below (how many rows of `x` and how many tiles share a pass over the weights)
+//! only decides which accumulators live in registers together, never the order of any one
+//! reduction: a row's result is the same bits at any `n`, thread split or instruction set.
+
+use std::cell::UnsafeCell;
+use std::ops::Range;
+
+use super::format::TILE;
+use super::layout::{Layout, Sink};
+use super::simd::Simd;
+
+/// One product `out[n, rows] = x[n, cols] · W[rows, cols]ᵀ` over packed tiles.
+pub(crate) struct Job {
+    pub data: *const u8,
+    /// Bytes per tile.
+    pub tile_stride: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub x: *const f32,
+    pub n: usize,
+    pub out: *mut f32,
+}
+
+// SAFETY: a `Job` is shared by the threads of one product; each writes only the output
+// columns of its own tiles, and `matmul` keeps the buffers alive until all have finished.
+unsafe impl Sync for Job {}
+
+/// The accumulators of `C` tiles × `R` rows of `x`.
+struct Acc<S: Simd, const C: usize, const R: usize> {
+    acc: [[S::V; R]; C],
+    /// `x` from the current tile-block on, interleaved: `x[i R + r]` is row `r`, input `i`
+    /// (one pointer and constant offsets, however many rows).
+    x: *const f32,
+}
+
+impl<S: Simd, const C: usize, const R: usize> Sink<S, C> for Acc<S, C, R> {
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn take(&mut self, i: usize, w: &[S::V; C]) {
+        for r in 0..R {
+            let xv = S::splat(*self.x.add(i * R + r));
+            for c in 0..C {
+                self.acc[c][r] = S::fma(w[c], xv, self.acc[c][r]);
+            }
+        }
+    }
+}
+
+/// `C` tiles from `tile0` × `R` rows of `x` from `row0` (`xr`: those rows interleaved, see
+/// [`Acc`]): one pass over the tiles' weights.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn group<S: Simd, L: Layout, const C: usize, const R: usize>(
+    job: &Job,
+    k: S::Consts,
+    tile0: usize,
+    row0: usize,
+    xr: *const f32,
+) {
+    let mut t = [job.data; C];
+    for c in 0..C {
+        t[c] = job.data.add((tile0 + c) * job.tile_stride);
+    }
+    let mut a = Acc::<S, C, R> {
+        acc: [[S::zero(); R]; C],
+        x: xr,
+    };
+    for _ in 0..job.cols / L::BLOCK {
+        L::visit::<S, C>(&t, k, &mut a);
+        for c in 0..C {
+            t[c] = t[c].add(L::BYTES);
+        }
+        a.x = a.x.add(L::BLOCK * R);
+    }
+    for c in 0..C {
+        let o = (tile0 + c) * TILE;
+        for r in 0..R {
+            let dst = job.out.add((row0 + r) * job.rows + o);
+            if o + TILE <= job.rows {
+                S::store(a.acc[c][r], dst);
+            } else {
+                let mut tmp = [0f32; TILE];
+                S::store(a.acc[c][r], tmp.as_mut_ptr());
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, job.rows - o);
+            }
+        }
+    }
+}
+
+/// Rows of `x` per pass, given `left` rows to go.
+#[inline(always)]
+fn rows_per_pass<S: Simd>(left: usize) -> usize {
+    if S::WIDE {
+        match left {
+            16.. => 16,
+            8..=15 => 8,
+            l => l,
+        }
+    } else {
+        left.min(4)
+    }
+}
+
+/// Tiles per pass for `r` rows: enough independent accumulators to hide the FMA latency,
+/// few enough to stay in registers.
+#[inline(always)]
+fn tiles_per_pass<S: Simd>(r: usize) -> usize {
+    match (S::WIDE, r) {
+        (true, 1..=4) => 4,
+        (true, 5..=8) => 2,
+        (false, 1) => 4,
+        (false, 2) => 2,
+        _ => 1,
+    }
+}
+
+thread_local! {
+    /// Each thread's copy of the rows of `x` of one pass, interleaved. Grows to the largest
+    /// `rows × cols` seen, then is reused: products allocate nothing in steady state.
+    static INTERLEAVED: UnsafeCell<Vec<f32>> = const { UnsafeCell::new(Vec::new()) };
+}
+
+/// The product for output tiles `tiles`, all rows of `x`.
+///
+/// # Safety
+/// `job` describes valid buffers in `L`'s layout; the CPU has `S`'s instruction set.
+#[inline(always)]
+pub(crate) unsafe fn run<S: Simd, L: Layout>(job: &Job, tiles: Range<usize>) {
+    // Not `with(|buf| …)` around the work: an outlined closure would lose the caller's
+    // `#[target_feature]`s (see `Sink`).
+    // SAFETY: only this thread touches its buffer, and `run` does not re-enter itself.
+    let buf = &mut *INTERLEAVED.with(UnsafeCell::get);
+    let k = S::consts();
+    let mut row = 0;
+    while row < job.n {
+        let r = rows_per_pass::<S>(job.n - row);
+        let c = tiles_per_pass::<S>(r);
+        let xr = if r == 1 {
+            job.x.add(row * job.cols)
+        } else {
+            let len = r * job.cols;
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            for rr in 0..r {
+                let src = std::slice::from_raw_parts(job.x.add((row + rr) * job.cols), job.cols);
+                for (i, v) in src.iter().enumerate() {
+                    *buf.get_unchecked_mut(i * r + rr) = *v;
+                }
+            }
+            buf.as_ptr()
+        };
+        let mut t = tiles.start;
+        while t < tiles.end {
+            let c = if tiles.end - t >= c { c } else { 1 };
+            macro_rules! shapes {
+                ($(($cc:literal, $rr:literal)),*) => {
+                    match (c, r) {
+                        $(($cc, $rr) => group::<S, L, $cc, $rr>(job, k, t, row, xr),)*
+                        _ => unreachable!("no kernel shape {c}×{r}"),
+                    }
+                };
+            }
+            shapes!(
+                (4, 1),
+                (4, 2),
+                (4, 3),
+                (4, 4),
+                (2, 2),
+                (2, 5),
+                (2, 6),
+                (2, 7),
+                (2, 8),
+                (1, 1),
+                (1, 2),
+                (1, 3),
+                (1, 4),
+                (1, 5),
+                (1, 6),
+                (1, 7),
+                (1, 8),
+                (1, 16)
+            );
+            t += c;
+        }
+        row += r;
+    }
+}

@@ -1,0 +1,387 @@
+//! The packed tile layout of each format, both directions: [`Layout::pack`] rearranges the
+//! GGUF blocks of 16 rows into one tile-block, and [`Layout::visit`] dequantizes a tile-block
+//! one input at a time. `visit` is the only definition of dequantization: the kernels of every
+//! instruction set and [`QuantMatrix::dequantize_row`](super::QuantMatrix::dequantize_row)
+//! all go through it.
+//!
+//! A tile is 16 consecutive output rows; lane `j` of every vector is row `16 t + j`. A
+//! tile-block covers the tile's rows over one GGUF block of inputs (1 input for the dense
+//! formats). Scales come first, as 16-lane vectors; then one 16-byte *unit* per input (8-bit
+//! formats) or per pair of inputs (4-bit formats: low nibble = the even input, high nibble =
+//! the odd one), in input order.
+//!
+//! Every dequantized weight equals the one `candle`'s (and ggml's) `dequantize` gives, bit
+//! for bit, signed zeros included: the products involved (`q × d`, `d × sc`, …) are exact
+//! in `f32`, so computing `q d + m` as one fused multiply-add rounds exactly where ggml's
+//! `q * d + m` does; `(q − 8) d` and `(q − 32) d sc` are computed in ggml's order because
+//! `fma(q, d, −8 d)` would give +0 where ggml gives −0.
+
+use super::format::TILE;
+use super::simd::Simd;
+
+/// One format's tile-block layout.
+pub(crate) trait Layout {
+    /// Inputs per tile-block.
+    const BLOCK: usize;
+    /// Bytes per tile-block.
+    const BYTES: usize;
+
+    /// Packs the GGUF blocks of the tile's 16 rows (`src[j]` is row `j`'s block) into `dst`
+    /// (`Self::BYTES` long).
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]);
+
+    /// Calls `f.take(i, w)` for each input `i` of the tile-block, in increasing order, with
+    /// `w[c]` the 16 dequantized weights of tile `c` at input `i`.
+    ///
+    /// # Safety
+    /// `t[c]` points at a tile-block of this layout; the CPU has `S`'s instruction set.
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    );
+}
+
+/// What [`Layout::visit`] feeds the weights to. A trait rather than a closure: closures
+/// cannot be `#[inline(always)]`, and an outlined closure loses the caller's
+/// `#[target_feature]`s, leaving every intrinsic a function call.
+pub(crate) trait Sink<S: Simd, const C: usize> {
+    /// # Safety
+    /// The CPU has `S`'s instruction set.
+    unsafe fn take(&mut self, i: usize, w: &[S::V; C]);
+}
+
+/// `[expr for c in 0..C]` without a closure (see [`Sink`]); `$init` fills the array first.
+macro_rules! lanes {
+    ($init:expr; $c:ident => $e:expr) => {{
+        let mut a = [$init; C];
+        for $c in 0..C {
+            a[$c] = $e;
+        }
+        a
+    }};
+}
+
+/// Copies the `width`-byte field at `src_off` of each row's block into consecutive lanes at
+/// `dst_off`.
+fn gather(src: &[&[u8]; TILE], src_off: usize, width: usize, dst: &mut [u8], dst_off: usize) {
+    for (j, s) in src.iter().enumerate() {
+        let d = dst_off + j * width;
+        dst[d..d + width].copy_from_slice(&s[src_off..src_off + width]);
+    }
+}
+
+/// Weight `i` of a 32-weight nibble block (`qs` 16 bytes): low nibbles are weights 0-15.
+fn nib32(qs: &[u8], i: usize) -> u8 {
+    if i < 16 {
+        qs[i] & 0xF
+    } else {
+        qs[i - 16] >> 4
+    }
+}
+
+/// Packs `q(j, i)` for 32 inputs as 16 nibble-pair units at `dst_off`.
+fn pack_pairs(dst: &mut [u8], dst_off: usize, units: usize, q: impl Fn(usize, usize) -> u8) {
+    for u in 0..units {
+        for j in 0..TILE {
+            dst[dst_off + TILE * u + j] = q(j, 2 * u) | (q(j, 2 * u + 1) << 4);
+        }
+    }
+}
+
+pub(crate) struct F32;
+pub(crate) struct F16;
+pub(crate) struct BF16;
+pub(crate) struct Q4_0;
+pub(crate) struct Q4_1;
+pub(crate) struct Q8_0;
+pub(crate) struct Q4K;
+pub(crate) struct Q6K;
+
+impl Layout for F32 {
+    const BLOCK: usize = 1;
+    const BYTES: usize = 64;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 4, dst, 0);
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        _: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        f.take(0, &lanes!(S::zero(); c => S::load_f32(t[c])));
+    }
+}
+
+impl Layout for F16 {
+    const BLOCK: usize = 1;
+    const BYTES: usize = 32;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        _: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        f.take(0, &lanes!(S::zero(); c => S::load_f16(t[c])));
+    }
+}
+
+impl Layout for BF16 {
+    const BLOCK: usize = 1;
+    const BYTES: usize = 32;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        _: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        f.take(0, &lanes!(S::zero(); c => S::load_bf16(t[c])));
+    }
+}
+
+/// `d[16]` f16 | 32 units of 16 `i8`. `w = q × d`.
+impl Layout for Q8_0 {
+    const BLOCK: usize = 32;
+    const BYTES: usize = 544;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+        for i in 0..32 {
+            for (j, s) in src.iter().enumerate() {
+                dst[32 + TILE * i + j] = s[2 + i];
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        _: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        for i in 0..32 {
+            f.take(
+                i,
+                &lanes!(S::zero(); c => S::mul(S::load_i8(t[c].add(32 + TILE * i)), d[c])),
+            );
+        }
+    }
+}
+
+/// `d[16]` f16 | 16 nibble-pair units. `w = (q − 8) × d`.
+impl Layout for Q4_0 {
+    const BLOCK: usize = 32;
+    const BYTES: usize = 288;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+        pack_pairs(dst, 32, 16, |j, i| nib32(&src[j][2..18], i));
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        for u in 0..16 {
+            let q: [(S::V, S::V); C] =
+                lanes!((S::zero(), S::zero()); c => S::nibbles_m8(k, t[c].add(32 + TILE * u)));
+            f.take(2 * u, &lanes!(S::zero(); c => S::mul(q[c].0, d[c])));
+            f.take(2 * u + 1, &lanes!(S::zero(); c => S::mul(q[c].1, d[c])));
+        }
+    }
+}
+
+/// `d[16]` f16 | `m[16]` f16 | 16 nibble-pair units. `w = fma(q, d, m)`.
+impl Layout for Q4_1 {
+    const BLOCK: usize = 32;
+    const BYTES: usize = 320;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+        gather(src, 2, 2, dst, 32);
+        pack_pairs(dst, 64, 16, |j, i| nib32(&src[j][4..20], i));
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        let m: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c].add(32)));
+        for u in 0..16 {
+            let q: [(S::V, S::V); C] =
+                lanes!((S::zero(), S::zero()); c => S::nibbles(k, t[c].add(64 + TILE * u)));
+            f.take(2 * u, &lanes!(S::zero(); c => S::fma(q[c].0, d[c], m[c])));
+            f.take(
+                2 * u + 1,
+                &lanes!(S::zero(); c => S::fma(q[c].1, d[c], m[c])),
+            );
+        }
+    }
+}
+
+/// ggml's 6-bit scale and min of sub-block `j` from the 12 packed bytes.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// `d[16]` f16 | `dmin[16]` f16 | `sc[8][16]` u8 | `min[8][16]` u8 | 128 nibble-pair units.
+/// Sub-block `s` (inputs `32 s..32 s + 32`): `w = fma(q, d × sc, (−dmin) × min)`, exactly
+/// ggml's `d sc q − dmin min`.
+impl Layout for Q4K {
+    const BLOCK: usize = 256;
+    const BYTES: usize = 2368;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+        gather(src, 2, 2, dst, 32);
+        for s in 0..8 {
+            for (j, b) in src.iter().enumerate() {
+                let (sc, mn) = scale_min_k4(s, &b[4..16]);
+                dst[64 + TILE * s + j] = sc;
+                dst[192 + TILE * s + j] = mn;
+            }
+        }
+        // Weight i: 64-weight chunk i / 64 holds 32 bytes; low nibbles are its first 32.
+        let q = |j: usize, i: usize| {
+            let (chunk, r) = (i / 64, i % 64);
+            let byte = src[j][16 + 32 * chunk + r % 32];
+            if r < 32 {
+                byte & 0xF
+            } else {
+                byte >> 4
+            }
+        };
+        pack_pairs(dst, 320, 128, q);
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        let nmin: [S::V; C] =
+            lanes!(S::zero(); c => S::mul(S::load_f16(t[c].add(32)), S::splat(-1.0)));
+        for s in 0..8 {
+            let d1: [S::V; C] =
+                lanes!(S::zero(); c => S::mul(d[c], S::load_u8(t[c].add(64 + TILE * s))));
+            let m1: [S::V; C] =
+                lanes!(S::zero(); c => S::mul(nmin[c], S::load_u8(t[c].add(192 + TILE * s))));
+            for u in 0..16 {
+                let unit = 16 * s + u;
+                let q: [(S::V, S::V); C] =
+                    lanes!((S::zero(), S::zero()); c => S::nibbles(k, t[c].add(320 + TILE * unit)));
+                f.take(
+                    2 * unit,
+                    &lanes!(S::zero(); c => S::fma(q[c].0, d1[c], m1[c])),
+                );
+                f.take(
+                    2 * unit + 1,
+                    &lanes!(S::zero(); c => S::fma(q[c].1, d1[c], m1[c])),
+                );
+            }
+        }
+    }
+}
+
+/// `d[16]` f16 | `sc[16][16]` i8 | 128 nibble-pair units of the low 4 bits | 64 units of the
+/// high 2 bits of 4 inputs (bits `2k..2k+2` = input `4v + k`). Sub-block `s` (inputs
+/// `16 s..16 s + 16`): `w = (q − 32) × (d × sc)` with `q` in `0..64`.
+impl Layout for Q6K {
+    const BLOCK: usize = 256;
+    const BYTES: usize = 3360;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 208, 2, dst, 0);
+        for s in 0..16 {
+            for (j, b) in src.iter().enumerate() {
+                dst[32 + TILE * s + j] = b[192 + s];
+            }
+        }
+        // Weight i (ggml's order): half h = i / 128; quarter k and l within it.
+        let split = |j: usize, i: usize| -> (u8, u8) {
+            let (h, l) = (i / 128, i % 128);
+            let (k, l) = (l / 32, l % 32);
+            let ql = &src[j][64 * h..];
+            let qh = src[j][128 + 32 * h + l];
+            let lo = match k {
+                0 => ql[l] & 0xF,
+                1 => ql[l + 32] & 0xF,
+                2 => ql[l] >> 4,
+                _ => ql[l + 32] >> 4,
+            };
+            (lo, (qh >> (2 * k)) & 3)
+        };
+        pack_pairs(dst, 288, 128, |j, i| split(j, i).0);
+        for v in 0..64 {
+            for j in 0..TILE {
+                dst[2336 + TILE * v + j] =
+                    (0..4).fold(0, |acc, k| acc | split(j, 4 * v + k).1 << (2 * k));
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        for s in 0..16 {
+            let dsc: [S::V; C] =
+                lanes!(S::zero(); c => S::mul(d[c], S::load_i8(t[c].add(32 + TILE * s))));
+            for v in 4 * s..4 * s + 4 {
+                let lo01: [(S::V, S::V); C] = lanes!((S::zero(), S::zero()); c => S::nibbles(k, t[c].add(288 + TILE * 2 * v)));
+                let lo23: [(S::V, S::V); C] = lanes!((S::zero(), S::zero());
+                    c => S::nibbles(k, t[c].add(288 + TILE * (2 * v + 1))));
+                let hi: [[S::V; 4]; C] =
+                    lanes!([S::zero(); 4]; c => S::high6(k, t[c].add(2336 + TILE * v)));
+                f.take(
+                    4 * v,
+                    &lanes!(S::zero(); c => S::mul(S::add(lo01[c].0, hi[c][0]), dsc[c])),
+                );
+                f.take(
+                    4 * v + 1,
+                    &lanes!(S::zero(); c => S::mul(S::add(lo01[c].1, hi[c][1]), dsc[c])),
+                );
+                f.take(
+                    4 * v + 2,
+                    &lanes!(S::zero(); c => S::mul(S::add(lo23[c].0, hi[c][2]), dsc[c])),
+                );
+                f.take(
+                    4 * v + 3,
+                    &lanes!(S::zero(); c => S::mul(S::add(lo23[c].1, hi[c][3]), dsc[c])),
+                );
+            }
+        }
+    }
+}
