@@ -1,0 +1,252 @@
+//! A lookup's decision, and the restore that consumes it.
+
+use std::sync::{Arc, Mutex};
+
+use mtplx_cold::{
+    ColdCandidate, ColdIndex, MissReason as ColdMiss, RestoreErrorKind, RestoreReport,
+};
+use mtplx_kv::{CacheFactory, KvCache, KvShape, RecurrentState};
+
+use crate::candidate::{Candidate, CandidateWatch, Handle};
+use crate::convert::{continuation_from_tail, recurrent_from_cold};
+use crate::entry::Entry;
+use crate::explain::{Explanation, MissReason, RefusalReason, Refused, RestoreMode};
+use crate::sink::CacheSink;
+use crate::stats::Stats;
+use crate::{BankError, Continuation};
+
+/// What a lookup decided: the one candidate it serves (if any) and why. It owns only that
+/// candidate; every other one was dropped when the plan was made. [`Plan::restore`]
+/// consumes it, so the served candidate is dropped as soon as its rows are in the new
+/// cache, before the caller prefills anything.
+pub struct Plan {
+    pub(crate) chosen: Option<Arc<Candidate>>,
+    pub(crate) explanation: Explanation,
+    pub(crate) watch: CandidateWatch,
+    pub(crate) cold: Option<Arc<dyn ColdIndex>>,
+    pub(crate) stats: Arc<Mutex<Stats>>,
+}
+
+/// A restored cache, ready for the suffix prefill.
+pub struct Restored {
+    /// Built by the caller's factory, in its layout; holds the first
+    /// `explanation.cached_tokens` positions of the prompt.
+    pub cache: Box<dyn KvCache>,
+    /// A hybrid state's recurrent state at the restore point.
+    pub recurrent: Option<RecurrentState>,
+    /// Set exactly when the cache covers the whole prompt: the logits (and MTP state) to
+    /// continue from, since no prompt token is left to prefill.
+    pub continuation: Option<Continuation>,
+    /// The lookup's account, updated if an SSD restore failed and fell back to cold.
+    pub explanation: Explanation,
+    /// What the SSD tier read, for an SSD restore.
+    pub ssd_report: Option<RestoreReport>,
+}
+
+impl Restored {
+    /// Prompt positions the cache holds; prefill the prompt from here.
+    pub fn prefix_len(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+impl Plan {
+    /// The account of the lookup.
+    pub fn explanation(&self) -> &Explanation {
+        &self.explanation
+    }
+
+    /// How the restore will build the cache.
+    pub fn mode(&self) -> RestoreMode {
+        self.explanation.mode
+    }
+
+    /// Prompt tokens the restore will deliver.
+    pub fn cached_tokens(&self) -> usize {
+        self.explanation.cached_tokens
+    }
+
+    /// Weak references to every valid candidate the lookup found.
+    pub fn watch(&self) -> CandidateWatch {
+        self.watch.clone()
+    }
+
+    /// Builds the request's cache through `factory` (whatever the source: RAM and SSD
+    /// restores alike), with `shape` for a cold start. An SSD restore that fails (a blob
+    /// gone or damaged) falls back to an empty cache and names the miss
+    /// (`ssd_restore_error:<kind>`, …); it is not an error.
+    pub fn restore(self, factory: &CacheFactory, shape: KvShape) -> Result<Restored, BankError> {
+        let Plan {
+            chosen,
+            explanation,
+            cold,
+            stats,
+            ..
+        } = self;
+        let restored = match chosen {
+            None => Ok(cold_start(factory, shape, explanation)),
+            Some(c) => {
+                let c = Arc::try_unwrap(c)
+                    .unwrap_or_else(|_| unreachable!("a plan owns its candidate"));
+                match c.handle {
+                    Handle::Ram(entry) => ram(
+                        entry,
+                        c.point.at,
+                        c.point.continuation,
+                        factory,
+                        shape,
+                        explanation,
+                    ),
+                    Handle::Ssd(ref candidate) => {
+                        let index = cold
+                            .as_deref()
+                            .expect("an SSD candidate comes from a cold tier");
+                        Ok(ssd(
+                            index,
+                            candidate,
+                            &c,
+                            factory,
+                            shape,
+                            explanation,
+                            &stats,
+                        ))
+                    }
+                }
+            }
+        }?;
+        crate::bank::lock(&stats).record(&restored.explanation);
+        Ok(restored)
+    }
+}
+
+fn cold_start(factory: &CacheFactory, shape: KvShape, explanation: Explanation) -> Restored {
+    Restored {
+        cache: factory.new_cache(shape),
+        recurrent: None,
+        continuation: None,
+        explanation,
+        ssd_report: None,
+    }
+}
+
+fn ram(
+    entry: Arc<Entry>,
+    point: usize,
+    continuation: bool,
+    factory: &CacheFactory,
+    shape: KvShape,
+    explanation: Explanation,
+) -> Result<Restored, BankError> {
+    let stored = entry.kv.shape();
+    if stored != shape {
+        return Err(BankError::ShapeMismatch {
+            asked: shape,
+            stored,
+        });
+    }
+    let cache = factory.restore(&*entry.kv, point)?;
+    let recurrent = entry
+        .checkpoints
+        .iter()
+        .flatten()
+        .find(|cp| cp.position == point)
+        .map(|cp| cp.state.to_state());
+    let continuation = continuation.then(|| entry.continuation.clone()).flatten();
+    Ok(Restored {
+        cache,
+        recurrent,
+        continuation,
+        explanation,
+        ssd_report: None,
+    })
+}
+
+fn ssd(
+    index: &dyn ColdIndex,
+    candidate: &ColdCandidate,
+    chosen: &Candidate,
+    factory: &CacheFactory,
+    shape: KvShape,
+    explanation: Explanation,
+    stats: &Mutex<Stats>,
+) -> Restored {
+    let mut sink = CacheSink::new(factory, shape);
+    match read(index, candidate, chosen, &mut sink) {
+        Ok(r) => Restored {
+            cache: r.cache,
+            recurrent: r.recurrent,
+            continuation: r.continuation,
+            explanation,
+            ssd_report: Some(r.report),
+        },
+        Err(miss) => failed(factory, shape, explanation, chosen, miss, stats),
+    }
+}
+
+struct Read {
+    report: RestoreReport,
+    cache: Box<dyn KvCache>,
+    recurrent: Option<RecurrentState>,
+    continuation: Option<Continuation>,
+}
+
+/// Streams the candidate into `sink` and checks that it delivered what the plan needs.
+fn read(
+    index: &dyn ColdIndex,
+    candidate: &ColdCandidate,
+    chosen: &Candidate,
+    sink: &mut CacheSink<'_>,
+) -> Result<Read, ColdMiss> {
+    let decode = ColdMiss::RestoreError(RestoreErrorKind::Decode);
+    let report = index
+        .restore(candidate, sink)
+        .map_err(|e| e.miss_reason())?;
+    let cache = sink
+        .cache
+        .take()
+        .filter(|c| c.len() == candidate.restore_point)
+        .ok_or(ColdMiss::RestoreError(RestoreErrorKind::Sink))?;
+    let recurrent = match (&candidate.checkpoints, sink.recurrent.take()) {
+        (None, _) => None,
+        (Some(_), Some(cp)) => Some(recurrent_from_cold(&cp).ok_or(decode)?),
+        (Some(_), None) => return Err(decode),
+    };
+    let continuation = match chosen.point.continuation {
+        true => Some(sink.tail.take().map(continuation_from_tail).ok_or(decode)?),
+        false => None,
+    };
+    Ok(Read {
+        report,
+        cache,
+        recurrent,
+        continuation,
+    })
+}
+
+/// The chosen SSD candidate could not be read: start cold and say why.
+fn failed(
+    factory: &CacheFactory,
+    shape: KvShape,
+    mut explanation: Explanation,
+    chosen: &Candidate,
+    miss: ColdMiss,
+    stats: &Mutex<Stats>,
+) -> Restored {
+    crate::bank::lock(stats).ssd_restore_failures += 1;
+    explanation.refused.insert(
+        0,
+        Refused {
+            mode: chosen.mode,
+            covered: Some(chosen.covered),
+            restore_point: Some(chosen.point.at),
+            reason: RefusalReason::Ssd(miss),
+        },
+    );
+    explanation.mode = RestoreMode::Cold;
+    explanation.covered_tokens = 0;
+    explanation.cached_tokens = 0;
+    explanation.entry_tokens = None;
+    explanation.continuation = false;
+    explanation.miss = Some(MissReason::Ssd(miss));
+    cold_start(factory, shape, explanation)
+}

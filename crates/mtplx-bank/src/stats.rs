@@ -1,0 +1,67 @@
+//! Counters for `/metrics` and the admin views.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::explain::{Explanation, RestoreMode};
+use crate::SessionId;
+
+/// What the bank has done since it started, and what it holds now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Bytes all entries hold together (shared buffers counted once).
+    pub bytes: u64,
+    pub entries: usize,
+    pub sessions: usize,
+    /// Restores by mode (`cold` included).
+    pub restores: BTreeMap<RestoreMode, u64>,
+    /// Misses by reason name.
+    pub misses: BTreeMap<String, u64>,
+    /// Prompt tokens served from a stored state.
+    pub cached_tokens: u64,
+    /// Evictions by the budget that caused them (`ttl`, `session_entries`,
+    /// `session_bytes`, `entries`, `bytes`, `shed`, `replaced`).
+    pub evictions: BTreeMap<&'static str, u64>,
+    /// Evicted entries handed to the SSD tier's writer.
+    pub spills_queued: u64,
+    /// Spills the SSD tier refused or failed to write.
+    pub spills_failed: u64,
+    /// Chosen SSD candidates whose restore failed (served cold instead).
+    pub ssd_restore_failures: u64,
+    pub admitted: u64,
+    pub refused: u64,
+    /// Entries shed by admission.
+    pub shed_entries: u64,
+}
+
+impl Stats {
+    pub(crate) fn record(&mut self, e: &Explanation) {
+        *self.restores.entry(e.mode).or_default() += 1;
+        if let Some(m) = &e.miss {
+            *self.misses.entry(m.name()).or_default() += 1;
+        }
+        self.cached_tokens += e.cached_tokens as u64;
+    }
+
+    /// Hits: restores that reused a stored state.
+    pub fn hits(&self) -> u64 {
+        self.restores
+            .iter()
+            .filter(|(m, _)| **m != RestoreMode::Cold)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// One session as the admin view lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: SessionId,
+    pub entries: usize,
+    /// Bytes its entries hold together.
+    pub bytes: u64,
+    /// Tokens of its longest entry.
+    pub longest_tokens: usize,
+    /// Time since it was last used, on the bank's clock.
+    pub idle_for: Duration,
+}
