@@ -1,6 +1,7 @@
 //! What the bank sees: the [`ColdIndex`] trait, its candidates and its named misses.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::error::{ReadError, RestoreErrorKind, WriteError};
 use crate::identity::{Identity, IdentityDigest};
@@ -142,6 +143,23 @@ pub struct RestoreReport {
     /// The checkpoint installed, for a hybrid entry.
     pub recurrent_at: Option<u32>,
     pub tail: bool,
+    /// Where the time went.
+    pub timings: RestoreTimings,
+}
+
+/// Wall-clock time of a restore's parts, for metrics and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RestoreTimings {
+    /// The whole restore.
+    pub total: Duration,
+    /// Manifest work: loading the entry's records, and the LRU touch after it.
+    pub manifest: Duration,
+    /// How long verification and delivery held up the disk reads: the time the reader
+    /// waited for the calling thread (which hashes every extent and, for a sink without
+    /// direct rows, copies it into the sink), plus the time from the last byte read to the
+    /// last checksum checked. With direct rows, this is the checksum's cost not hidden
+    /// behind I/O.
+    pub io_stalled: Duration,
 }
 
 /// The SSD tier as the bank uses it.

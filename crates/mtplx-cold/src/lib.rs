@@ -18,8 +18,10 @@
 //! whatever a crash left.
 //!
 //! # Invariants
-//! - A restore either delivers exactly the rows that were written, or fails with a named
-//!   miss ([`MissReason`]); it never delivers other bytes.
+//! - A restore that returns `Ok` delivered exactly the rows that were written; one that
+//!   fails returns a named miss ([`MissReason`]) and calls [`KvSink::discard`]: rows may
+//!   reach the sink before their block's checksum is checked (verification overlaps the
+//!   reads), so nothing a sink received is accepted state until `restore` returns `Ok`.
 //! - A lookup never opens a blob.
 //! - A state is never offered under another [`Identity`]: every key derives from its digest.
 
@@ -42,7 +44,7 @@ pub use error::{Error, ManifestError, OpenError, ReadError, RestoreErrorKind, Wr
 pub use identity::{Identity, IdentityDigest, Mtp};
 pub use index::{
     ColdCandidate, ColdIndex, ColdLookup, ColdOff, ColdQuery, EntryId, MatchKind, MissReason,
-    RestoreReport,
+    RestoreReport, RestoreTimings,
 };
 pub use key::{
     block_keys, blocks_for, full_block_keys, BlockKey, StateKey, TokenHash, BLOCK_TOKENS,

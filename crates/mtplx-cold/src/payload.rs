@@ -93,14 +93,35 @@ pub trait KvSource: Send + Sync {
 /// Where a restore writes what it read; the caller builds its own layout from these calls
 /// (its cache factory decides which).
 ///
-/// Call order: [`KvSink::begin`] once; then [`KvSink::write_rows`] for positions in
-/// increasing order, every layer of a block before the next block, so for each layer the
-/// rows arrive contiguous from position 0 (an append-only cache can just append); then
-/// [`KvSink::recurrent`] for a hybrid entry; then [`KvSink::tail`] when the restore point is
-/// the entry's full length and it has a tail.
+/// Call order: [`KvSink::begin`] once; then either [`KvSink::direct_rows`] returns the
+/// sink's own storage and the restore reads blocks from disk straight into it, or (the
+/// default) [`KvSink::write_rows`] is called for positions in increasing order, every layer
+/// of a block before the next block, so for each layer the rows arrive contiguous from
+/// position 0 (an append-only cache can just append); then [`KvSink::recurrent`] for a
+/// hybrid entry; then [`KvSink::tail`] when the restore point is the entry's full length and
+/// it has a tail.
+///
+/// # Unverified rows and `discard`
+///
+/// To overlap checksum verification with disk reads, rows reach the sink *before* the
+/// checksum of the block they belong to has been checked. Only the restore's result says
+/// whether they are good: when [`crate::ColdIndex::restore`] returns `Ok`, every byte the
+/// sink received was verified; when it returns `Err` after [`KvSink::begin`], the restore
+/// calls [`KvSink::discard`] and the caller must not use anything the sink received (it
+/// starts cold, or from another candidate). Never publish a restored cache as accepted state
+/// before `restore` has returned `Ok`.
 pub trait KvSink {
     /// `rows` positions will be written to every layer of a cache of this geometry.
     fn begin(&mut self, geometry: KvGeometry, rows: usize) -> Result<(), BoxError>;
+    /// Optional fast path: the sink's own storage for positions `0..rows` of every layer
+    /// (the `rows` given to [`KvSink::begin`]), one `(k, v)` pair per layer, each exactly
+    /// `rows * row_len` values, positions outermost. The restore then reads each block's
+    /// rows from disk straight into these slices, with no staging copy, and makes no
+    /// [`KvSink::write_rows`] calls. Called once, right after `begin`. `None` (the default)
+    /// selects `write_rows`. Slices of the wrong number or length fail the restore.
+    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+        None
+    }
     /// Rows `start .. start + k.len() / row_len` of `layer`.
     fn write_rows(
         &mut self,
@@ -119,6 +140,10 @@ pub trait KvSink {
         let _ = tail;
         Ok(())
     }
+    /// The restore failed after [`KvSink::begin`]: what the sink received (possibly rows
+    /// whose block later failed its checksum) is not a valid state. Drop it. The default
+    /// does nothing; the caller must then discard the sink itself.
+    fn discard(&mut self) {}
 }
 
 /// K/V rows held in plain vectors, one pair per layer (positions outermost). A simple
@@ -234,6 +259,24 @@ impl KvSink for KvRows {
         Ok(())
     }
 
+    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+        let row = self.geometry?.row_len();
+        // `begin` reserved exactly `rows * row` values per layer (`Vec::with_capacity`
+        // guarantees the requested capacity).
+        let n = self.k.first().map_or(0, Vec::capacity) / row * row;
+        Some(
+            self.k
+                .iter_mut()
+                .zip(self.v.iter_mut())
+                .map(|(k, v)| {
+                    k.resize(n, 0.0);
+                    v.resize(n, 0.0);
+                    (&mut k[..], &mut v[..])
+                })
+                .collect(),
+        )
+    }
+
     fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
         self.recurrent = Some(checkpoint);
         Ok(())
@@ -242,5 +285,9 @@ impl KvSink for KvRows {
     fn tail(&mut self, tail: TailState) -> Result<(), BoxError> {
         self.tail = Some(tail);
         Ok(())
+    }
+
+    fn discard(&mut self) {
+        *self = KvRows::default();
     }
 }

@@ -1,5 +1,6 @@
 //! [`ColdStore`]: the cold tier over a [`Storage`].
 
+mod blocks;
 mod lookup;
 mod open;
 mod read;

@@ -1,8 +1,9 @@
 //! Restores: read the blocks up to the restore point, verify, hand rows to the sink.
 
 use std::io;
-use std::sync::mpsc;
+use std::time::Instant;
 
+use super::blocks::{read_blocks, Failed};
 use super::{blob_path, lock, now_s, Inner};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{
@@ -10,8 +11,8 @@ use crate::codec::{
     StateRole,
 };
 use crate::error::{db, ManifestError, ReadError};
-use crate::index::{ColdCandidate, EntryId, RestoreReport};
-use crate::key::{blocks_for, hex, BLOCK_TOKENS};
+use crate::index::{ColdCandidate, EntryId, RestoreReport, RestoreTimings};
+use crate::key::hex;
 use crate::manifest;
 use crate::payload::{KvSink, RecurrentCheckpoint, TailState};
 use crate::storage::StorageFile;
@@ -21,14 +22,18 @@ pub(crate) fn restore(
     candidate: &ColdCandidate,
     sink: &mut dyn KvSink,
 ) -> Result<RestoreReport, ReadError> {
-    let result = {
+    let started = Instant::now();
+    let mut result = {
         let _gc = inner.gc.read().unwrap_or_else(|p| p.into_inner());
         restore_locked(inner, candidate, sink)
     };
-    match &result {
-        Ok(_) => {
+    match &mut result {
+        Ok(report) => {
             // The LRU clock; a failure here costs only recency.
+            let t = Instant::now();
             let _ = touch(inner, candidate.entry);
+            report.timings.manifest += t.elapsed();
+            report.timings.total = started.elapsed();
         }
         Err((e, Some(blob))) if e.is_damage() => {
             lock(&inner.damaged).push(*blob);
@@ -41,10 +46,8 @@ pub(crate) fn restore(
     result.map_err(|(e, _)| e)
 }
 
-/// Bytes read (and hashed) per call.
+/// Bytes of a state blob read (and hashed) per call.
 const READ_CHUNK: usize = 1 << 20;
-
-type Failed = (ReadError, Option<(BlobKind, [u8; 32])>);
 
 fn load(inner: &Inner, id: EntryId) -> Result<(EntryHead, EntryBody), ReadError> {
     let r = inner.manifest().db.begin_read().map_err(db)?;
@@ -78,7 +81,9 @@ fn restore_locked(
     c: &ColdCandidate,
     sink: &mut dyn KvSink,
 ) -> Result<RestoreReport, Failed> {
+    let t = Instant::now();
     let (head, body) = load(inner, c.entry).map_err(|e| (e, None))?;
+    let manifest = t.elapsed();
     if head.identity != c.identity {
         return Err((ReadError::IdentityMismatch(c.entry), None));
     }
@@ -104,18 +109,39 @@ fn restore_locked(
         },
     };
 
-    let mut report = RestoreReport {
-        rows: point,
-        blocks_read: 0,
-        bytes_read: 0,
-        recurrent_at: None,
-        tail: false,
-    };
     sink.begin(head.geometry, point)
         .map_err(|e| (ReadError::Sink(e), None))?;
+    let delivered = deliver(inner, &head, &body, point, checkpoint, sink);
+    if delivered.is_err() {
+        // Rows of a block may have reached the sink before its checksum failed.
+        sink.discard();
+    }
+    let mut report = delivered?;
+    report.timings.manifest = manifest;
+    Ok(report)
+}
 
-    read_blocks(inner, &head, &body, point, sink, &mut report)?;
-
+/// Everything after [`KvSink::begin`]: the blocks, then the recurrent and tail state.
+fn deliver(
+    inner: &Inner,
+    head: &EntryHead,
+    body: &EntryBody,
+    point: usize,
+    checkpoint: Option<crate::codec::CheckpointRef>,
+    sink: &mut dyn KvSink,
+) -> Result<RestoreReport, Failed> {
+    let blocks = read_blocks(inner, head, body, point, sink)?;
+    let mut report = RestoreReport {
+        rows: point,
+        blocks_read: blocks.blocks,
+        bytes_read: blocks.bytes,
+        recurrent_at: None,
+        tail: false,
+        timings: RestoreTimings {
+            io_stalled: blocks.io_stalled,
+            ..RestoreTimings::default()
+        },
+    };
     if let Some(cp) = checkpoint {
         let (bundle, bytes) = read_state(inner, &cp.state, StateRole::Checkpoint, cp.position)?;
         report.bytes_read += bytes;
@@ -139,98 +165,11 @@ fn restore_locked(
     Ok(report)
 }
 
-/// Reads and verifies blocks `0 .. ceil(point / 256)` on a helper thread while the calling
-/// thread hands the previous block's rows to the sink: reading and hashing overlap with
-/// copying. At most three block buffers exist at once.
-fn read_blocks(
-    inner: &Inner,
-    head: &EntryHead,
-    body: &EntryBody,
-    point: usize,
-    sink: &mut dyn KvSink,
-    report: &mut RestoreReport,
-) -> Result<(), Failed> {
-    let g = head.geometry;
-    let row = g.row_len();
-    let nblocks = blocks_for(point);
-    let n_tokens = |i: usize| (head.n_tokens as usize - i * BLOCK_TOKENS).min(BLOCK_TOKENS);
-    let (full_tx, full_rx) = mpsc::sync_channel::<Result<Vec<f32>, Failed>>(1);
-    let (empty_tx, empty_rx) = mpsc::channel::<Vec<f32>>();
-
-    // `move`: the receiver is dropped when delivery stops early, which ends the reader.
-    std::thread::scope(move |scope| {
-        scope.spawn(move || {
-            let mut next = Some(open_blob(inner, BlobKind::KvBlock, &body.blocks[0].0));
-            for i in 0..nblocks {
-                let key = body.blocks[i].0;
-                let mut payload = empty_rx.try_recv().unwrap_or_default();
-                let read = (|| {
-                    let file = next.take().expect("opened ahead")?;
-                    // Once this block's bytes are in, let the kernel read the next block
-                    // ahead while this one is hashed and delivered.
-                    let prefetch = || {
-                        if i + 1 < nblocks {
-                            let n = open_blob(inner, BlobKind::KvBlock, &body.blocks[i + 1].0);
-                            if let Ok(f) = &n {
-                                f.will_need();
-                            }
-                            next = Some(n);
-                        }
-                    };
-                    let n = n_tokens(i);
-                    let expect = Descriptor::Kv {
-                        geometry: g,
-                        n_tokens: n as u32,
-                        first_position: (i * BLOCK_TOKENS) as u32,
-                    };
-                    payload.resize(n * row * 2 * g.layers as usize, 0.0);
-                    read_verified(
-                        file.as_ref(),
-                        &key,
-                        expect,
-                        bytemuck::cast_slice_mut(&mut payload),
-                        prefetch,
-                    )?;
-                    from_le(&mut payload);
-                    Ok(())
-                })();
-                let failed = read.is_err();
-                let msg = read
-                    .map(|()| payload)
-                    .map_err(|e| (e, Some((BlobKind::KvBlock, key))));
-                // A closed channel means the sink failed: stop.
-                if full_tx.send(msg).is_err() || failed {
-                    return;
-                }
-            }
-        });
-
-        for i in 0..nblocks {
-            let payload = full_rx
-                .recv()
-                .expect("the reader sends every block or an error")?;
-            let start = i * BLOCK_TOKENS;
-            let n = n_tokens(i);
-            let rows = (point - start).min(n);
-            let span = n * row;
-            for (layer, kv) in payload.chunks_exact(2 * span).enumerate() {
-                let (k, v) = kv.split_at(span);
-                sink.write_rows(layer, start, &k[..rows * row], &v[..rows * row])
-                    .map_err(|e| (ReadError::Sink(e), None))?;
-            }
-            report.blocks_read += 1;
-            report.bytes_read += (HEADER_LEN + payload.len() * 4) as u64;
-            let _ = empty_tx.send(payload);
-        }
-        Ok(())
-    })
-}
-
-fn blob_name(kind: BlobKind, key: &[u8; 32]) -> String {
+pub(super) fn blob_name(kind: BlobKind, key: &[u8; 32]) -> String {
     format!("{}.{}", hex(key), kind.extension())
 }
 
-fn open_blob(
+pub(super) fn open_blob(
     inner: &Inner,
     kind: BlobKind,
     key: &[u8; 32],
@@ -249,15 +188,15 @@ fn open_blob(
         })
 }
 
-/// Reads a blob whose payload is `out.len()` bytes into `out`, checking its length, its
-/// header against what the manifest expects, and its checksum.
-fn read_verified(
+/// Checks a blob whose payload should be `payload_len` bytes: its length, and its header
+/// against what the manifest expects. Returns the header's bytes and the stored checksum
+/// (which covers `header[..CHECKSUM_AT]` and the payload, still to be read).
+pub(super) fn check_header(
     file: &dyn StorageFile,
     key: &[u8; 32],
     expect: Descriptor,
-    out: &mut [u8],
-    after_read: impl FnOnce(),
-) -> Result<(), ReadError> {
+    payload_len: usize,
+) -> Result<([u8; HEADER_LEN], [u8; 32]), ReadError> {
     let kind = match expect {
         Descriptor::Kv { .. } => BlobKind::KvBlock,
         Descriptor::State { .. } => BlobKind::State,
@@ -267,7 +206,7 @@ fn read_verified(
         blob: blob(),
         source,
     };
-    let expected = (HEADER_LEN + out.len()) as u64;
+    let expected = (HEADER_LEN + payload_len) as u64;
     let actual = file.size().map_err(ioe)?;
     let mut head = [0u8; HEADER_LEN];
     if actual >= HEADER_LEN as u64 {
@@ -307,7 +246,7 @@ fn read_verified(
             what: "key",
         });
     }
-    if header.descriptor != expect || header.payload_len != out.len() as u64 {
+    if header.descriptor != expect || header.payload_len != payload_len as u64 {
         let what = match (header.descriptor, expect) {
             (Descriptor::Kv { geometry: a, .. }, Descriptor::Kv { geometry: b, .. }) if a != b => {
                 return Err(ReadError::FormatMismatch {
@@ -320,18 +259,34 @@ fn read_verified(
         };
         return Err(ReadError::Header { blob: blob(), what });
     }
-    // In chunks, hashing each as it arrives: with the file's read-ahead already requested,
-    // the disk fetches the next chunks while this one is hashed.
+    Ok((head, sum))
+}
+
+/// Reads a blob whose payload is `out.len()` bytes into `out`, checking its length, its
+/// header against what the manifest expects, and its checksum.
+fn read_verified(
+    file: &dyn StorageFile,
+    key: &[u8; 32],
+    expect: Descriptor,
+    out: &mut [u8],
+) -> Result<(), ReadError> {
+    let (head, sum) = check_header(file, key, expect, out.len())?;
+    let blob = || blob_name(BlobKind::State, key);
+    // In chunks, hashing each as it arrives: with the file's read-ahead requested, the disk
+    // fetches the next chunks while this one is hashed.
     file.will_need();
     let mut hasher = blake3::Hasher::new();
     hasher.update(&head[..CHECKSUM_AT]);
     let mut offset = HEADER_LEN as u64;
     for chunk in out.chunks_mut(READ_CHUNK) {
-        file.read_at(offset, chunk).map_err(ioe)?;
+        file.read_at(offset, chunk)
+            .map_err(|source| ReadError::Io {
+                blob: blob(),
+                source,
+            })?;
         hasher.update(chunk);
         offset += chunk.len() as u64;
     }
-    after_read();
     if *hasher.finalize().as_bytes() != sum {
         return Err(ReadError::Checksum { blob: blob() });
     }
@@ -360,7 +315,6 @@ fn read_state(
             &state.key.0,
             Descriptor::State { role, position },
             &mut payload,
-            || {},
         )?;
         StateBundle::decode(&payload).map_err(|_| ReadError::Decode {
             blob: blob_name(BlobKind::State, &state.key.0),
@@ -372,7 +326,7 @@ fn read_state(
         .map_err(|e| (e, Some(blob)))
 }
 
-fn from_le(values: &mut [f32]) {
+pub(super) fn from_le(values: &mut [f32]) {
     if cfg!(target_endian = "big") {
         for v in values.iter_mut() {
             *v = f32::from_bits(u32::from_le(v.to_bits()));

@@ -1,0 +1,365 @@
+//! Reading an entry's KV blocks: a reader thread streams each block from disk in extents
+//! of whole layers (≥ 1 MiB), straight into the sink's own rows when it offers them
+//! ([`KvSink::direct_rows`]) or into a few recycled staging buffers otherwise, while the
+//! calling thread hashes each extent as it arrives (and, when staged, hands its rows to the
+//! sink). Verification thus overlaps with I/O instead of following it; the price is that
+//! rows reach the sink before their block's checksum is known, which the sink contract
+//! covers (a failed restore calls [`KvSink::discard`]).
+
+use std::ops::Range;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::read::{check_header, from_le, open_blob};
+use super::Inner;
+use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
+use crate::codec::{BlobKind, Descriptor, EntryBody, EntryHead};
+use crate::error::ReadError;
+use crate::key::{blocks_for, BLOCK_TOKENS};
+use crate::payload::{KvGeometry, KvSink};
+use crate::storage::StorageFile;
+
+/// Bytes the reader fetches per extent, at least: whole layers of one block.
+const EXTENT_BYTES: usize = 1 << 20;
+/// Staging buffers in flight (only a sink without direct rows, or a partial last block,
+/// uses them).
+const STAGING_BUFFERS: usize = 4;
+
+/// A failure, and the blob at fault if the stored bytes are bad.
+pub(super) type Failed = (ReadError, Option<(BlobKind, [u8; 32])>);
+
+/// One layer's K and V rows of one block, in the sink.
+type LayerRows<'s> = (&'s mut [f32], &'s mut [f32]);
+
+/// What the blocks cost, for the restore's report.
+#[derive(Debug, Default)]
+pub(super) struct BlocksRead {
+    pub(super) blocks: usize,
+    pub(super) bytes: u64,
+    /// Time the reader waited for the calling thread, plus the time from the last byte
+    /// read to the last checksum checked: how much hashing and delivery held up the I/O.
+    pub(super) io_stalled: Duration,
+}
+
+/// Where an extent's bytes went.
+enum Dest<'s> {
+    /// Into the sink: one `(k, v)` per layer of the extent, the block's rows of each.
+    Sink(Vec<LayerRows<'s>>),
+    /// Into a staging buffer: the extent's bytes in file order.
+    Staged(Vec<f32>),
+}
+
+/// What the reader sends, in file order.
+enum Piece<'s> {
+    /// A block's header, already checked against the manifest; its checksum is not.
+    Header {
+        head: Box<[u8; HEADER_LEN]>,
+        sum: [u8; 32],
+    },
+    /// The next layers of the current block.
+    Extent {
+        layers: Range<usize>,
+        dest: Dest<'s>,
+    },
+    /// Everything was read (`at`); the time the reader spent waiting for free staging
+    /// buffers.
+    Done { at: Instant, waited: Duration },
+}
+
+/// The shape of a restore: which blocks, how many of their rows, in which extents.
+struct Plan {
+    g: KvGeometry,
+    row: usize,
+    point: usize,
+    nblocks: usize,
+    entry_tokens: usize,
+    layers_per_extent: usize,
+}
+
+impl Plan {
+    fn new(head: &EntryHead, point: usize) -> Plan {
+        let g = head.geometry;
+        let layer_bytes = 2 * BLOCK_TOKENS * g.row_len() * 4;
+        Plan {
+            g,
+            row: g.row_len(),
+            point,
+            nblocks: blocks_for(point),
+            entry_tokens: head.n_tokens as usize,
+            layers_per_extent: EXTENT_BYTES
+                .div_ceil(layer_bytes)
+                .clamp(1, g.layers as usize),
+        }
+    }
+
+    /// Rows stored in block `i`.
+    fn stored(&self, i: usize) -> usize {
+        (self.entry_tokens - i * BLOCK_TOKENS).min(BLOCK_TOKENS)
+    }
+
+    /// Rows of block `i` the restore delivers.
+    fn wanted(&self, i: usize) -> usize {
+        (self.point - i * BLOCK_TOKENS).min(BLOCK_TOKENS)
+    }
+
+    fn extents(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        let layers = self.g.layers as usize;
+        (0..layers)
+            .step_by(self.layers_per_extent)
+            .map(move |l| l..(l + self.layers_per_extent).min(layers))
+    }
+
+    fn descriptor(&self, i: usize) -> Descriptor {
+        Descriptor::Kv {
+            geometry: self.g,
+            n_tokens: self.stored(i) as u32,
+            first_position: (i * BLOCK_TOKENS) as u32,
+        }
+    }
+}
+
+/// Reads blocks `0 .. ceil(point / 256)` of the entry into `sink`, verifying each.
+pub(super) fn read_blocks(
+    inner: &Inner,
+    head: &EntryHead,
+    body: &EntryBody,
+    point: usize,
+    sink: &mut dyn KvSink,
+) -> Result<BlocksRead, Failed> {
+    let plan = Plan::new(head, point);
+    let sink_err = |what: String| (ReadError::Sink(what.into()), None);
+    match sink.direct_rows() {
+        None => run(inner, body, &plan, Vec::new(), Deliver::Calls(sink)),
+        Some(rows) => {
+            let want = point * plan.row;
+            if rows.len() != plan.g.layers as usize
+                || rows.iter().any(|(k, v)| k.len() != want || v.len() != want)
+            {
+                return Err(sink_err(format!(
+                    "direct rows: expected {} layers of {want} values",
+                    plan.g.layers
+                )));
+            }
+            // Per block, per layer: the block's slice of every layer's rows.
+            let mut per_block: Vec<Vec<LayerRows<'_>>> =
+                (0..plan.nblocks).map(|_| Vec::new()).collect();
+            for (k, v) in rows {
+                let chunk = BLOCK_TOKENS * plan.row;
+                for (b, kv) in k.chunks_mut(chunk).zip(v.chunks_mut(chunk)).enumerate() {
+                    per_block[b].push(kv);
+                }
+            }
+            // The last block, when only part of it is restored, can't be read into the
+            // sink (its checksum covers rows the sink has no room for): it is staged.
+            let last = plan.nblocks - 1;
+            let mut direct: Vec<_> = per_block.into_iter().map(Some).collect();
+            let partial = if plan.wanted(last) < plan.stored(last) {
+                direct[last].take()
+            } else {
+                None
+            };
+            run(inner, body, &plan, direct, Deliver::Direct(partial))
+        }
+    }
+}
+
+/// How staged rows reach the sink.
+enum Deliver<'a, 's> {
+    /// Through [`KvSink::write_rows`].
+    Calls(&'a mut dyn KvSink),
+    /// Copied into the sink's rows of a partially restored last block (`None`: every block
+    /// goes straight into the sink).
+    Direct(Option<Vec<LayerRows<'s>>>),
+}
+
+fn run<'s>(
+    inner: &Inner,
+    body: &EntryBody,
+    plan: &Plan,
+    mut direct: Vec<Option<Vec<LayerRows<'s>>>>,
+    mut deliver: Deliver<'_, 's>,
+) -> Result<BlocksRead, Failed> {
+    let (piece_tx, piece_rx) = mpsc::channel::<Result<Piece<'s>, Failed>>();
+    let (free_tx, free_rx) = mpsc::channel::<Vec<f32>>();
+    direct.resize_with(plan.nblocks, || None);
+
+    // `move`: the receivers are dropped when the caller stops early, which ends the reader.
+    std::thread::scope(move |scope| {
+        scope.spawn(move || {
+            let sent = read_all(inner, body, plan, direct, &piece_tx, free_rx);
+            if let Err(e) = sent {
+                let _ = piece_tx.send(Err(e));
+            }
+        });
+
+        let mut out = BlocksRead::default();
+        let mut hasher = blake3::Hasher::new();
+        let mut sum = [0u8; 32];
+        let mut block = 0;
+        for piece in piece_rx.iter() {
+            match piece? {
+                Piece::Header { head, sum: s } => {
+                    hasher.reset();
+                    hasher.update(&head[..CHECKSUM_AT]);
+                    sum = s;
+                }
+                Piece::Extent { layers, dest } => {
+                    let n = plan.stored(block);
+                    let span = n * plan.row;
+                    match dest {
+                        Dest::Sink(mut rows) => {
+                            for (k, v) in rows.iter_mut() {
+                                hasher.update(bytemuck::cast_slice(k));
+                                hasher.update(bytemuck::cast_slice(v));
+                                from_le(k);
+                                from_le(v);
+                            }
+                        }
+                        Dest::Staged(mut buf) => {
+                            hasher.update(bytemuck::cast_slice(&buf));
+                            from_le(&mut buf);
+                            let start = block * BLOCK_TOKENS;
+                            let take = plan.wanted(block) * plan.row;
+                            for (l, kv) in layers.clone().zip(buf.chunks_exact(2 * span)) {
+                                let (k, v) = kv.split_at(span);
+                                let (k, v) = (&k[..take], &v[..take]);
+                                match &mut deliver {
+                                    Deliver::Calls(sink) => sink
+                                        .write_rows(l, start, k, v)
+                                        .map_err(|e| (ReadError::Sink(e), None))?,
+                                    Deliver::Direct(Some(rows)) => {
+                                        rows[l].0.copy_from_slice(k);
+                                        rows[l].1.copy_from_slice(v);
+                                    }
+                                    Deliver::Direct(None) => unreachable!("staged direct block"),
+                                }
+                            }
+                            let _ = free_tx.send(buf);
+                        }
+                    }
+                    if layers.end == plan.g.layers as usize {
+                        if *hasher.finalize().as_bytes() != sum {
+                            let key = body.blocks[block].0;
+                            let blob = super::read::blob_name(BlobKind::KvBlock, &key);
+                            let e = ReadError::Checksum { blob };
+                            return Err((e, Some((BlobKind::KvBlock, key))));
+                        }
+                        out.blocks += 1;
+                        out.bytes += (HEADER_LEN + n * plan.g.bytes_per_token() as usize) as u64;
+                        block += 1;
+                    }
+                }
+                Piece::Done { at, waited } => {
+                    // Everything read and verified: what the reader waited for, plus the
+                    // time from its last byte to the last checksum.
+                    out.io_stalled = waited + at.elapsed();
+                    return Ok(out);
+                }
+            }
+        }
+        unreachable!("the reader ends with `Done` or an error")
+    })
+}
+
+/// The reader thread: every block's header, then its extents, in file order.
+fn read_all<'s>(
+    inner: &Inner,
+    body: &EntryBody,
+    plan: &Plan,
+    direct: Vec<Option<Vec<LayerRows<'s>>>>,
+    tx: &mpsc::Sender<Result<Piece<'s>, Failed>>,
+    free: mpsc::Receiver<Vec<f32>>,
+) -> Result<(), Failed> {
+    let mut waited = Duration::ZERO;
+    let mut staging = 0;
+    let open = |i: usize| {
+        let key = &body.blocks[i].0;
+        let f = open_blob(inner, BlobKind::KvBlock, key);
+        if let Ok(f) = &f {
+            f.will_need();
+        }
+        f
+    };
+    let mut next = Some(open(0));
+    for (i, mut rows) in direct.into_iter().enumerate() {
+        let key = body.blocks[i].0;
+        let blob = |e| (e, Some((BlobKind::KvBlock, key)));
+        let file = next.take().expect("opened ahead").map_err(blob)?;
+        // The kernel reads the next block ahead while this one streams.
+        if i + 1 < plan.nblocks {
+            next = Some(open(i + 1));
+        }
+        let n = plan.stored(i);
+        let layer_len = 2 * n * plan.row;
+        let (head, sum) = check_header(
+            file.as_ref(),
+            &key,
+            plan.descriptor(i),
+            n * plan.g.bytes_per_token() as usize,
+        )
+        .map_err(blob)?;
+        let head = Box::new(head);
+        if tx.send(Ok(Piece::Header { head, sum })).is_err() {
+            return Ok(());
+        }
+        for layers in plan.extents() {
+            let offset = (HEADER_LEN + layers.start * layer_len * 4) as u64;
+            let dest = match rows.as_mut() {
+                Some(rows) => {
+                    let mut mine: Vec<LayerRows<'s>> = rows.drain(..layers.len()).collect();
+                    read_into(file.as_ref(), offset, &mut mine).map_err(|e| blob(io(e, key)))?;
+                    Dest::Sink(mine)
+                }
+                None => {
+                    let mut buf = match free.try_recv() {
+                        Ok(buf) => buf,
+                        Err(_) if staging < STAGING_BUFFERS => {
+                            staging += 1;
+                            Vec::new()
+                        }
+                        Err(_) => {
+                            let t = Instant::now();
+                            let Ok(buf) = free.recv() else {
+                                return Ok(());
+                            };
+                            waited += t.elapsed();
+                            buf
+                        }
+                    };
+                    buf.resize(layers.len() * layer_len, 0.0);
+                    file.read_at(offset, bytemuck::cast_slice_mut(&mut buf))
+                        .map_err(|e| blob(io(e, key)))?;
+                    Dest::Staged(buf)
+                }
+            };
+            if tx.send(Ok(Piece::Extent { layers, dest })).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    let at = Instant::now();
+    let _ = tx.send(Ok(Piece::Done { at, waited }));
+    Ok(())
+}
+
+/// Fills the sink's rows from the file: each layer's K rows, then its V rows, in file order.
+fn read_into(
+    file: &dyn StorageFile,
+    mut offset: u64,
+    rows: &mut [LayerRows<'_>],
+) -> std::io::Result<()> {
+    for (k, v) in rows.iter_mut() {
+        for part in [&mut **k, &mut **v] {
+            file.read_at(offset, bytemuck::cast_slice_mut(part))?;
+            offset += part.len() as u64 * 4;
+        }
+    }
+    Ok(())
+}
+
+fn io(source: std::io::Error, key: [u8; 32]) -> ReadError {
+    ReadError::Io {
+        blob: super::read::blob_name(BlobKind::KvBlock, &key),
+        source,
+    }
+}

@@ -1,0 +1,177 @@
+//! Both ways rows reach a sink — read straight into its own rows (`direct_rows`) or staged
+//! and handed over through `write_rows` — deliver the same, exact rows at any restore
+//! point, in several extents per block; and a block that fails its checksum after some of
+//! its rows reached the sink ends the restore with a named miss and a `discard`.
+
+mod common;
+
+use common::*;
+use mtplx_cold::storage::FaultyStorage;
+use mtplx_cold::{
+    BoxError, ColdIndex, KvGeometry, KvRows, KvSink, Recurrent, RecurrentCheckpoint, SpillEntry,
+    TailState,
+};
+use proptest::prelude::*;
+
+/// Wide enough that a block is read in several extents (512 KiB per layer of a block).
+const WIDE: KvGeometry = KvGeometry {
+    layers: 4,
+    kv_heads: 4,
+    head_dim: 64,
+};
+
+fn wide_rows(tokens: &[u32]) -> KvRows {
+    KvRows::from_fn(WIDE, tokens.len(), |l, p, i, v| {
+        tokens[p] as f32 * 0.5 + l as f32 * 1000.0 + i as f32 + if v { 0.25 } else { 0.0 }
+    })
+}
+
+fn wide_entry(tokens: &[u32]) -> SpillEntry {
+    SpillEntry {
+        geometry: WIDE,
+        kv: Box::new(wide_rows(tokens)),
+        recurrent: Recurrent::None,
+        ..entry(tokens)
+    }
+}
+
+/// A sink without direct rows: everything comes through `write_rows`.
+#[derive(Default)]
+struct Staged {
+    rows: KvRows,
+    discarded: bool,
+}
+
+impl KvSink for Staged {
+    fn begin(&mut self, g: KvGeometry, rows: usize) -> Result<(), BoxError> {
+        self.rows.begin(g, rows)
+    }
+
+    fn write_rows(&mut self, l: usize, start: usize, k: &[f32], v: &[f32]) -> Result<(), BoxError> {
+        self.rows.write_rows(l, start, k, v)
+    }
+
+    fn recurrent(&mut self, cp: RecurrentCheckpoint) -> Result<(), BoxError> {
+        self.rows.recurrent(cp)
+    }
+
+    fn tail(&mut self, tail: TailState) -> Result<(), BoxError> {
+        self.rows.tail(tail)
+    }
+
+    fn discard(&mut self) {
+        self.discarded = true;
+    }
+}
+
+/// Counts `write_rows` calls, to show the direct path makes none.
+#[derive(Default)]
+struct Direct {
+    rows: KvRows,
+    calls: usize,
+    discarded: bool,
+}
+
+impl KvSink for Direct {
+    fn begin(&mut self, g: KvGeometry, rows: usize) -> Result<(), BoxError> {
+        self.rows.begin(g, rows)
+    }
+
+    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+        self.rows.direct_rows()
+    }
+
+    fn write_rows(&mut self, l: usize, start: usize, k: &[f32], v: &[f32]) -> Result<(), BoxError> {
+        self.calls += 1;
+        self.rows.write_rows(l, start, k, v)
+    }
+
+    fn tail(&mut self, tail: TailState) -> Result<(), BoxError> {
+        self.rows.tail(tail)
+    }
+
+    fn discard(&mut self) {
+        self.discarded = true;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn direct_and_staged_restores_deliver_the_same_exact_rows(len in 1usize..800, cut in 0.0f64..1.0) {
+        let st = FaultyStorage::new();
+        let store = open(&st, config());
+        let t = tokens(len, 3);
+        store.put(&wide_entry(&t)).unwrap();
+        // A block prefix of a longer prompt restores mid-entry when it is partial.
+        let point = ((len as f64 * cut) as usize).max(1);
+        let full = lookup(&store, &t).exact.unwrap();
+        let hit = mtplx_cold::ColdCandidate { restore_point: point, tail: point == len, ..full };
+        let want = wide_rows(&t).truncated(point);
+
+        let mut direct = Direct::default();
+        let report = store.restore(&hit, &mut direct).unwrap();
+        prop_assert_eq!(direct.calls, 0);
+        prop_assert_eq!(direct.rows.truncated(point), want.clone());
+        prop_assert_eq!(report.rows, point);
+        prop_assert_eq!(report.blocks_read, point.div_ceil(256));
+
+        let mut staged = Staged::default();
+        store.restore(&hit, &mut staged).unwrap();
+        prop_assert_eq!(staged.rows.truncated(point), want);
+        prop_assert_eq!(direct.rows.tail.is_some(), point == len);
+        prop_assert!(!direct.discarded && !staged.discarded);
+    }
+}
+
+/// Flips one bit in the last extent of the second block: rows of that block (and all of
+/// the first) reached the sink before its checksum failed.
+#[test]
+fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
+    for direct in [true, false] {
+        let st = FaultyStorage::new();
+        let store = open(&st, config());
+        let t = tokens(700, 5);
+        store.put(&wide_entry(&t)).unwrap();
+        let hit = lookup(&store, &t).exact.unwrap();
+        let keys = mtplx_cold::block_keys(&identity().digest(), &t);
+        let path = std::path::Path::new("blobs").join(format!("{}.kv", keys[1]));
+        let len = mtplx_cold::storage::Storage::open(&st, &path)
+            .unwrap()
+            .size()
+            .unwrap();
+        st.flip_bit(&path, (len - 3) * 8).unwrap();
+
+        let (err, discarded) = if direct {
+            let mut sink = Direct::default();
+            (store.restore(&hit, &mut sink).unwrap_err(), sink.discarded)
+        } else {
+            let mut sink = Staged::default();
+            let e = store.restore(&hit, &mut sink).unwrap_err();
+            // Rows of the first block, and of the bad one, had arrived.
+            assert!(sink.rows.positions() > 256, "direct: {direct}");
+            (e, sink.discarded)
+        };
+        assert_eq!(err.miss_reason().to_string(), "ssd_restore_error:checksum");
+        assert!(discarded, "direct: {direct}");
+    }
+}
+
+#[test]
+fn kv_rows_discards_itself() {
+    let st = FaultyStorage::new();
+    let store = open(&st, config());
+    let t = tokens(300, 1);
+    store.put(&wide_entry(&t)).unwrap();
+    let hit = lookup(&store, &t).exact.unwrap();
+    let keys = mtplx_cold::block_keys(&identity().digest(), &t);
+    st.flip_bit(
+        &std::path::Path::new("blobs").join(format!("{}.kv", keys[0])),
+        300 * 8,
+    )
+    .unwrap();
+    let mut sink = KvRows::default();
+    assert!(store.restore(&hit, &mut sink).is_err());
+    assert_eq!(sink, KvRows::default());
+}
