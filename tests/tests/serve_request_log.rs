@@ -26,6 +26,12 @@ const SCHEMA: &[(&str, &str)] = &[
     ("cache_source", "string"),
     ("session_restore_mode", "string"),
     ("cache_miss_reason", "string"),
+    ("generation_mode", "string?"),
+    ("proposer", "string?"),
+    ("drafted_by_depth", "array"),
+    ("accepted_by_depth", "array"),
+    ("verify_calls", "number"),
+    ("mean_acceptance_length", "number?"),
 ];
 
 fn type_of(v: &Value) -> &'static str {
@@ -33,6 +39,7 @@ fn type_of(v: &Value) -> &'static str {
         Value::Null => "null",
         Value::Number(_) => "number",
         Value::String(_) => "string",
+        Value::Array(a) if a.iter().all(Value::is_u64) => "array",
         _ => "other",
     }
 }

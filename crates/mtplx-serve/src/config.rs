@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use mtplx_model::WeightFormat;
 
+use crate::engine::{PolicyKind, Speculation};
 use crate::request_log::{self, Rotation};
 use crate::state::Settings;
 
@@ -24,6 +25,31 @@ impl From<Weights> for WeightFormat {
         match w {
             Weights::F32 => WeightFormat::F32,
             Weights::Quantized => WeightFormat::Quantized,
+        }
+    }
+}
+
+/// How the speculative depth adapts (`--adaptive-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AdaptivePolicy {
+    /// Always draft `--depth` tokens.
+    None,
+    /// Grow after a fully accepted draft, shrink after a rejection.
+    Streak,
+    /// Maximise expected accepted tokens per step.
+    #[value(name = "expected_value")]
+    ExpectedValue,
+    /// Maximise expected tokens per second of measured step time.
+    Cost,
+}
+
+impl From<AdaptivePolicy> for PolicyKind {
+    fn from(p: AdaptivePolicy) -> Self {
+        match p {
+            AdaptivePolicy::None => PolicyKind::None,
+            AdaptivePolicy::Streak => PolicyKind::Streak,
+            AdaptivePolicy::ExpectedValue => PolicyKind::ExpectedValue,
+            AdaptivePolicy::Cost => PolicyKind::Cost,
         }
     }
 }
@@ -65,6 +91,20 @@ pub struct Config {
     /// Seconds a response may take to start.
     #[arg(long, env = "MTPLX_REQUEST_TIMEOUT", default_value_t = 600)]
     pub request_timeout: u64,
+    /// Most draft tokens verified per forward pass in `mtp` mode; 0 turns speculation off.
+    #[arg(long, env = "MTPLX_DEPTH", default_value_t = 3)]
+    pub depth: usize,
+    /// Decode one token per forward pass for every request (same as `--depth 0`).
+    #[arg(long, env = "MTPLX_NO_MTP")]
+    pub no_mtp: bool,
+    /// How the draft depth adapts to measured acceptance.
+    #[arg(
+        long,
+        env = "MTPLX_ADAPTIVE_POLICY",
+        value_enum,
+        default_value = "none"
+    )]
+    pub adaptive_policy: AdaptivePolicy,
 }
 
 /// Whether `host` names the loopback interface.
@@ -114,6 +154,10 @@ impl Config {
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
             max_body_bytes: self.max_body_bytes,
             request_timeout: Duration::from_secs(self.request_timeout),
+            speculation: Speculation {
+                depth: if self.no_mtp { 0 } else { self.depth },
+                policy: self.adaptive_policy.into(),
+            },
         }
     }
 }
@@ -177,6 +221,16 @@ mod tests {
         assert_eq!(s.context_window, Some(512));
         assert_eq!(s.max_active_requests, 3);
         assert_eq!(s.request_log, None);
+        assert_eq!(s.speculation.depth, 3);
+        let c = parse(&["--depth", "2", "--adaptive-policy", "expected_value"]);
+        assert_eq!(
+            c.settings().speculation,
+            Speculation {
+                depth: 2,
+                policy: PolicyKind::ExpectedValue
+            }
+        );
+        assert_eq!(parse(&["--no-mtp"]).settings().speculation.depth, 0);
         let d = parse(&["--port", "9001"]);
         let log = d.request_log_path().unwrap();
         assert!(

@@ -55,6 +55,7 @@ pub use state::{AppState, Settings};
 use layers::auth::AuthLayer;
 use layers::body_limit::BodyLimitLayer;
 use layers::count::CountLayer;
+use layers::session::SessionLayer;
 use layers::timeout::TimeoutLayer;
 use router::Router;
 
@@ -84,5 +85,6 @@ where
         .layer(TimeoutLayer::new(settings.request_timeout))
         .layer(AuthLayer::new(settings.api_key.clone()))
         .layer(BodyLimitLayer::new(settings.max_body_bytes))
+        .layer(SessionLayer)
         .service(Router::new(state.clone()))
 }

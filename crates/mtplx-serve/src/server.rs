@@ -67,13 +67,17 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let local = listener.local_addr().map_err(io("local address"))?;
     println!(
         "mtplx serving {} ({}) on http://{local} | context {} tokens | weights {:.1} MiB ({:?}) | \
-         max active {} | request log {} | key {}",
+         max active {} | speculation {} | request log {} | key {}",
         state.model_id(),
         path.display(),
         state.context_window(),
         weight_bytes as f64 / (1 << 20) as f64,
         format,
         settings.max_active_requests,
+        match settings.speculation.depth {
+            0 => "off".to_string(),
+            d => format!("depth {d}, prompt lookup, {:?}", settings.speculation.policy),
+        },
         settings
             .request_log
             .as_ref()

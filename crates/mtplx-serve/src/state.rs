@@ -8,7 +8,7 @@ use std::time::Duration;
 use mtplx_model::{Bundle, LanguageModel};
 use tokio::sync::Semaphore;
 
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig, Speculation};
 use crate::metrics::Metrics;
 use crate::request_log::{RequestLog, Rotation};
 
@@ -29,6 +29,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Longest wait for a response to start.
     pub request_timeout: Duration,
+    /// Drafting for requests in `mtp` mode (the default mode).
+    pub speculation: Speculation,
 }
 
 impl Default for Settings {
@@ -42,6 +44,7 @@ impl Default for Settings {
             api_key: None,
             max_body_bytes: 16 << 20,
             request_timeout: Duration::from_secs(600),
+            speculation: Speculation::default(),
         }
     }
 }
@@ -84,6 +87,7 @@ impl AppState {
                 // Admission is the concurrency limit's job; the queue only needs room for
                 // cancelled jobs the engine has not popped yet.
                 queue_capacity: settings.max_active_requests.max(1) * 2 + 8,
+                speculation: settings.speculation.clone(),
             },
             metrics.clone(),
             log.clone(),

@@ -37,6 +37,8 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     pub logprobs: Option<i64>,
     pub ignore_eos: Option<bool>,
+    #[serde(flatten)]
+    pub extras: super::extras::RequestExtras,
 }
 
 /// A prompt: text, token ids, or a one-element list of either.
@@ -127,6 +129,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             max_tokens,
             stop,
             ignore_eos,
+            extras: body.extras.clone(),
         },
     )?;
     let id = format!("cmpl-{}", ctx.id_suffix());

@@ -4,6 +4,7 @@
 use mtplx_model::sampling::Sampler;
 use tokio::sync::mpsc;
 
+use super::extras::RequestExtras;
 use super::RequestCtx;
 use crate::engine::{Event, Job, Summary};
 use crate::error::ApiError;
@@ -18,6 +19,8 @@ pub struct Generation {
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// `generation_mode` and the body's session hints.
+    pub extras: RequestExtras,
 }
 
 /// Checks `g` and queues it. A prompt that leaves no room for one new token is a 400
@@ -43,6 +46,9 @@ pub fn submit(
         return Err(ApiError::context_length_exceeded(g.prompt.len(), context));
     }
     let room = context - g.prompt.len();
+    let mode = g.extras.mode()?;
+    // A header names the session first; the body next; the engine matches the rest.
+    let session = ctx.session.clone().or_else(|| g.extras.session());
     state.engine().submit(Job {
         request_id: ctx.request_id.clone(),
         endpoint,
@@ -51,6 +57,8 @@ pub fn submit(
         max_tokens: g.max_tokens.map_or(room, |m| m.min(room)),
         stop: g.stop,
         ignore_eos: g.ignore_eos,
+        mode,
+        session,
         received: ctx.received,
     })
 }

@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub mod extras;
 pub mod generate;
 pub mod models;
 pub mod params;
@@ -56,6 +57,8 @@ pub struct RequestCtx {
     /// The `x-request-id` header (set by the request-id layer when the client sent none).
     pub request_id: String,
     pub received: Instant,
+    /// The session a header named (see [`crate::layers::session`]).
+    pub session: Option<crate::layers::session::SessionHint>,
 }
 
 impl RequestCtx {
@@ -69,6 +72,10 @@ impl RequestCtx {
         RequestCtx {
             request_id,
             received: Instant::now(),
+            session: req
+                .extensions()
+                .get::<crate::layers::session::SessionHint>()
+                .cloned(),
         }
     }
 

@@ -3,6 +3,37 @@
 use std::time::Instant;
 
 use mtplx_model::sampling::Sampler;
+use mtplx_spec::SpecStats;
+
+use crate::layers::session::SessionHint;
+
+/// How a request wants its tokens produced (`generation_mode`); the tokens are the same
+/// either way, only the speed differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GenerationMode {
+    /// Speculative: draft, then verify in one forward pass (the default).
+    #[default]
+    Mtp,
+    /// Plain autoregressive decoding, one token per forward pass.
+    Ar,
+}
+
+impl GenerationMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GenerationMode::Mtp => "mtp",
+            GenerationMode::Ar => "ar",
+        }
+    }
+}
+
+/// What speculation did for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecSummary {
+    /// The proposer that drafted (`lookup`, `mtp`, ...).
+    pub proposer: &'static str,
+    pub stats: SpecStats,
+}
 
 /// One generation to run.
 #[derive(Debug)]
@@ -20,6 +51,9 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Keep going past the model's end-of-turn tokens (benchmarks).
     pub ignore_eos: bool,
+    pub mode: GenerationMode,
+    /// The session the client named (header or body); `None` lets the engine match one.
+    pub session: Option<SessionHint>,
     /// When the request arrived: time to first token counts from here.
     pub received: Instant,
 }
@@ -89,6 +123,10 @@ pub struct Summary {
     pub decode_s: f64,
     /// blake3 of the prompt ids (little-endian u32), hex, first 16 bytes.
     pub prompt_hash: String,
+    /// The mode that actually ran (`ar` when speculation is off server-wide).
+    pub mode: GenerationMode,
+    /// `None` for plain decoding.
+    pub spec: Option<SpecSummary>,
 }
 
 impl Summary {
@@ -119,6 +157,8 @@ impl Summary {
             prefill_s: 0.1,
             decode_s: 0.5,
             prompt_hash: String::new(),
+            mode: GenerationMode::Ar,
+            spec: None,
         }
     }
 }
@@ -148,6 +188,8 @@ mod tests {
             prefill_s: 0.5,
             decode_s: 2.0,
             prompt_hash: prompt_hash(&[1, 2]),
+            mode: GenerationMode::Ar,
+            spec: None,
         };
         assert_eq!(s.prompt_tps(), Some(20.0));
         assert_eq!(s.decode_tok_s(), Some(2.0));

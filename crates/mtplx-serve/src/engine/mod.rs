@@ -3,6 +3,8 @@
 //! [`Event`]s out. Dropping the event receiver cancels the job within one decode step (or
 //! one prefill chunk).
 
+mod decode;
+mod error;
 mod job;
 mod worker;
 
@@ -13,7 +15,9 @@ use std::sync::Arc;
 use mtplx_model::Bundle;
 use tokio::sync::mpsc;
 
-pub use job::{prompt_hash, Event, Finish, Job, Summary};
+pub use decode::{PolicyKind, Speculation};
+pub use error::EngineError;
+pub use job::{prompt_hash, Event, Finish, GenerationMode, Job, SpecSummary, Summary};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -24,7 +28,7 @@ use crate::request_log::RequestLog;
 pub const EVENT_BUFFER: usize = 4;
 
 /// Engine settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Most positions (prompt plus generated) a generation may use.
     pub context_window: usize,
@@ -32,6 +36,8 @@ pub struct EngineConfig {
     pub prefill_chunk_tokens: usize,
     /// Jobs that may wait for the engine; one more is refused with a 503.
     pub queue_capacity: usize,
+    /// Drafting for requests in `mtp` mode.
+    pub speculation: Speculation,
 }
 
 /// A handle to the engine thread. Cheap to clone; the thread ends when the last handle is

@@ -6,10 +6,12 @@ use std::time::Instant;
 
 use mtplx_kv::{CacheFactory, KvCache};
 use mtplx_model::stop::StopMatcher;
-use mtplx_model::{Bundle, Generator, LanguageModel, ModelError, Want};
+use mtplx_model::{Bundle, LanguageModel, Want};
 use tokio::sync::mpsc;
 
-use super::job::{prompt_hash, Event, Finish, Job, Summary};
+use super::decode::Decoding;
+use super::error::EngineError;
+use super::job::{prompt_hash, Event, Finish, GenerationMode, Job, SpecSummary, Summary};
 use super::EngineConfig;
 use crate::metrics::Metrics;
 use crate::request_log::{Record, RequestLog};
@@ -66,7 +68,7 @@ impl Worker {
         }
     }
 
-    fn generate(&mut self, job: &Job, tx: &mpsc::Sender<Event>) -> Result<Summary, ModelError> {
+    fn generate(&mut self, job: &Job, tx: &mpsc::Sender<Event>) -> Result<Summary, EngineError> {
         let Worker {
             bundle,
             config,
@@ -87,6 +89,8 @@ impl Worker {
             prefill_s: 0.0,
             decode_s: 0.0,
             prompt_hash: prompt_hash(prompt),
+            mode: GenerationMode::Ar,
+            spec: None,
         };
 
         // Prefill all but the last prompt token chunk by chunk, so a client that leaves
@@ -101,8 +105,19 @@ impl Worker {
             model.forward(piece, cache.as_mut(), Want::Nothing)?;
             summary.new_prefill_tokens += piece.len();
         }
-        let mut gen = Generator::new(model, cache.as_mut(), prompt, job.sampler.clone(), chunk)?;
+        let mut gen = Decoding::start(
+            model,
+            cache.as_mut(),
+            prompt,
+            job.sampler.clone(),
+            chunk,
+            job.mode,
+            &config.speculation,
+        )?;
         summary.new_prefill_tokens += 1;
+        if !matches!(gen, Decoding::Plain(_)) {
+            summary.mode = GenerationMode::Mtp;
+        }
         summary.prefill_s = prefill_start.elapsed().as_secs_f64();
 
         let mut decoder = tokenizer.stream_decoder(true);
@@ -118,42 +133,57 @@ impl Worker {
             emitted.push_str(&text);
             tx.blocking_send(Event::Text(text)).is_ok()
         };
-        let finish = loop {
+        let is_stop = |t: u32| !job.ignore_eos && tokenizer.is_stop(t);
+        let finish = 'outer: loop {
             if summary.completion_tokens >= job.max_tokens {
                 break Finish::Length;
             }
-            if prompt.len() + summary.completion_tokens >= config.context_window || !gen.has_room()
-            {
+            let room = config
+                .context_window
+                .saturating_sub(prompt.len() + summary.completion_tokens);
+            if room == 0 || !gen.has_room() {
                 break Finish::ContextFull;
             }
             if tx.is_closed() {
                 break Finish::Cancelled;
             }
-            let token = gen.step()?;
+            let tokens = gen.next(
+                (job.max_tokens - summary.completion_tokens).min(room),
+                &is_stop,
+            )?;
+            if tokens.is_empty() {
+                break Finish::ContextFull;
+            }
             metrics.decode_steps.fetch_add(1, Ordering::Relaxed);
-            summary.completion_tokens += 1;
-            let now = Instant::now();
-            if first_token_at.is_none() {
-                first_token_at = Some(now);
-                summary.ttft_s = Some(now.duration_since(job.received).as_secs_f64());
-            }
-            summary.decode_s = now
-                .duration_since(first_token_at.expect("set above"))
-                .as_secs_f64();
-            if !job.ignore_eos && tokenizer.is_stop(token) {
-                break Finish::StopToken;
-            }
-            if let Some(piece) = decoder.push(token)? {
-                fed.push_str(&piece);
-                let out = stops.push(&piece);
-                if !send(out, &mut emitted) {
-                    break Finish::Cancelled;
+            for token in tokens {
+                summary.completion_tokens += 1;
+                let now = Instant::now();
+                if first_token_at.is_none() {
+                    first_token_at = Some(now);
+                    summary.ttft_s = Some(now.duration_since(job.received).as_secs_f64());
                 }
-                if stops.stopped() {
-                    break Finish::StopSequence(matched_stop(&job.stop, &fed, &emitted));
+                summary.decode_s = now
+                    .duration_since(first_token_at.expect("set above"))
+                    .as_secs_f64();
+                if is_stop(token) {
+                    break 'outer Finish::StopToken;
+                }
+                if let Some(piece) = decoder.push(token)? {
+                    fed.push_str(&piece);
+                    let out = stops.push(&piece);
+                    if !send(out, &mut emitted) {
+                        break 'outer Finish::Cancelled;
+                    }
+                    if stops.stopped() {
+                        break 'outer Finish::StopSequence(matched_stop(&job.stop, &fed, &emitted));
+                    }
                 }
             }
         };
+        summary.spec = gen.stats().map(|(proposer, stats)| SpecSummary {
+            proposer,
+            stats: stats.clone(),
+        });
         summary.finish = match finish {
             Finish::Cancelled | Finish::StopSequence(_) => finish,
             _ => {

@@ -7,6 +7,7 @@ pub mod body_limit;
 pub mod concurrency;
 pub mod count;
 pub mod request_id;
+pub mod session;
 pub mod timeout;
 pub mod trace;
 

@@ -1,5 +1,6 @@
 //! Server metrics, rendered in the Prometheus text format at `GET /metrics`.
 
+mod family;
 mod histogram;
 
 use std::collections::BTreeMap;
@@ -7,6 +8,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+pub use family::Family;
 pub use histogram::Histogram;
 
 use crate::engine::Summary;
@@ -33,6 +35,12 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub decode_rate: Histogram,
     pub prompt_rate: Histogram,
+    /// Draft tokens verified, by depth.
+    pub spec_drafted: Family,
+    /// Draft tokens accepted, by depth.
+    pub spec_accepted: Family,
+    /// Generations by `generation_mode` as run.
+    pub modes: Family,
 }
 
 impl Default for Metrics {
@@ -48,6 +56,21 @@ impl Default for Metrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             decode_rate: Histogram::new(RATE_BUCKETS),
             prompt_rate: Histogram::new(RATE_BUCKETS),
+            spec_drafted: Family::new(
+                "mtplx_spec_drafted_tokens_total",
+                "Draft tokens verified, by draft depth.",
+                "depth",
+            ),
+            spec_accepted: Family::new(
+                "mtplx_spec_accepted_tokens_total",
+                "Draft tokens accepted, by draft depth.",
+                "depth",
+            ),
+            modes: Family::new(
+                "mtplx_generation_mode_total",
+                "Generations by the mode that ran.",
+                "mode",
+            ),
         }
     }
 }
@@ -102,6 +125,18 @@ impl Metrics {
         }
         if let Some(r) = s.prompt_tps() {
             self.prompt_rate.observe(r);
+        }
+        self.modes.add(s.mode.as_str(), 1);
+        if let Some(spec) = &s.spec {
+            let by_depth = spec
+                .stats
+                .drafted_by_depth
+                .iter()
+                .zip(&spec.stats.accepted_by_depth);
+            for (d, (&drafted, &accepted)) in by_depth.enumerate() {
+                self.spec_drafted.add((d + 1).to_string(), drafted);
+                self.spec_accepted.add((d + 1).to_string(), accepted);
+            }
         }
     }
 
@@ -177,6 +212,9 @@ impl Metrics {
             "mtplx_prefill_tokens_per_second",
             "Prefill rate per generation.",
         );
+        self.modes.render(&mut out);
+        self.spec_drafted.render(&mut out);
+        self.spec_accepted.render(&mut out);
         out
     }
 }
@@ -202,6 +240,16 @@ mod tests {
             prefill_s: 0.1,
             decode_s: 0.5,
             prompt_hash: String::new(),
+            mode: crate::engine::GenerationMode::Mtp,
+            spec: Some(crate::engine::SpecSummary {
+                proposer: "lookup",
+                stats: mtplx_spec::SpecStats {
+                    drafted_by_depth: vec![4, 2],
+                    accepted_by_depth: vec![3, 1],
+                    verify_calls: 4,
+                    ..Default::default()
+                },
+            }),
         });
         let text = m.render();
         assert!(text
@@ -213,5 +261,7 @@ mod tests {
         assert!(text.contains("mtplx_ttft_seconds_count 1\n"));
         assert!(text.contains("mtplx_decode_tokens_per_second_sum 4\n"));
         assert_eq!(m.generations("length"), 1);
+        assert!(text.contains("mtplx_spec_accepted_tokens_total{depth=\"2\"} 1\n"));
+        assert!(text.contains("mtplx_generation_mode_total{mode=\"mtp\"} 1\n"));
     }
 }

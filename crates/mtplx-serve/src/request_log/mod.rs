@@ -38,6 +38,17 @@ pub struct Record {
     /// `cold`: nothing reused.
     pub session_restore_mode: &'static str,
     pub cache_miss_reason: &'static str,
+    /// `mtp` (speculative) or `ar`.
+    pub generation_mode: Option<&'static str>,
+    /// The proposer that drafted (`lookup`, `mtp`), for speculative requests.
+    pub proposer: Option<&'static str>,
+    /// Draft tokens offered / accepted at depth 1, 2, …
+    pub drafted_by_depth: Vec<u64>,
+    pub accepted_by_depth: Vec<u64>,
+    /// Forward passes that verified a draft.
+    pub verify_calls: u64,
+    /// Mean tokens per verify call (accepted drafts plus the model's own token).
+    pub mean_acceptance_length: Option<f64>,
 }
 
 fn now() -> f64 {
@@ -61,6 +72,22 @@ impl Record {
             prompt_tps: s.prompt_tps(),
             decode_tok_s: s.decode_tok_s(),
             finish_reason: Some(s.finish.label()),
+            generation_mode: Some(s.mode.as_str()),
+            proposer: s.spec.as_ref().map(|p| p.proposer),
+            drafted_by_depth: s
+                .spec
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.stats.drafted_by_depth.clone()),
+            accepted_by_depth: s
+                .spec
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.stats.accepted_by_depth.clone()),
+            verify_calls: s.spec.as_ref().map_or(0, |p| p.stats.verify_calls),
+            mean_acceptance_length: s
+                .spec
+                .as_ref()
+                .filter(|p| p.stats.verify_calls > 0)
+                .map(|p| p.stats.mean_acceptance_length()),
             ..Record::failed(request_id, endpoint, 200, None)
         }
     }
@@ -90,6 +117,12 @@ impl Record {
             cache_source: "none",
             session_restore_mode: "cold",
             cache_miss_reason: "new_session",
+            generation_mode: None,
+            proposer: None,
+            drafted_by_depth: Vec::new(),
+            accepted_by_depth: Vec::new(),
+            verify_calls: 0,
+            mean_acceptance_length: None,
         }
     }
 }

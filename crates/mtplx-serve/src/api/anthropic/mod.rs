@@ -72,6 +72,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             max_tokens: Some(max_tokens),
             stop: body.stop_sequences.clone().unwrap_or_default(),
             ignore_eos: false,
+            extras: body.extras.clone(),
         },
     )?;
     let id = format!("msg_{}", ctx.id_suffix());

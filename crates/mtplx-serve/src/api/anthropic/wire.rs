@@ -21,6 +21,8 @@ pub struct MessagesRequest {
     pub top_k: Option<i64>,
     pub tools: Option<Vec<Tool>>,
     pub tool_choice: Option<ToolChoice>,
+    #[serde(flatten)]
+    pub extras: crate::api::extras::RequestExtras,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -53,6 +53,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         .unwrap_or(false);
     let ignore_eos = body.ignore_eos.unwrap_or(false);
     let stop = stop_strings(body.stop.clone());
+    let extras = body.extras.clone();
     let template_kwargs = body.chat_template_kwargs.clone().unwrap_or_default();
     let messages = body
         .messages
@@ -78,6 +79,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             max_tokens,
             stop,
             ignore_eos,
+            extras,
         },
     )?;
     let id = format!("chatcmpl-{}", ctx.id_suffix());

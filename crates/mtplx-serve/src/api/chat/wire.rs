@@ -35,6 +35,8 @@ pub struct ChatCompletionRequest {
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// Generate past end-of-turn tokens (a vLLM extension, for benchmarks).
     pub ignore_eos: Option<bool>,
+    #[serde(flatten)]
+    pub extras: crate::api::extras::RequestExtras,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

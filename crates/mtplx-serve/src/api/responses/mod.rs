@@ -130,6 +130,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             max_tokens,
             stop: Vec::new(),
             ignore_eos: false,
+            extras: body.extras.clone(),
         },
     )?;
     let meta = Meta {
@@ -154,7 +155,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         )
         .unwrap_or_default(),
         tool_choice: body.tool_choice.clone().unwrap_or(json!("auto")),
-        metadata: body.metadata.clone().unwrap_or(json!({})),
+        metadata: body.extras.metadata.clone().unwrap_or(json!({})),
     };
     if body.stream.unwrap_or(false) {
         return Ok(sse::response(events, ResponsesStream::new(meta, has_tools)));

@@ -23,7 +23,9 @@ pub struct ResponsesRequest {
     pub tool_choice: Option<Value>,
     pub stream: Option<bool>,
     pub previous_response_id: Option<String>,
-    pub metadata: Option<Value>,
+    /// `metadata` (echoed back), `user`, `generation_mode`.
+    #[serde(flatten)]
+    pub extras: crate::api::extras::RequestExtras,
 }
 
 #[derive(Debug, Clone, Deserialize)]

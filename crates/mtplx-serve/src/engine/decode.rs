@@ -1,0 +1,137 @@
+//! One token source for the worker, plain or speculative: both prefill the part of the
+//! prompt the cache lacks, then hand out tokens in order. Speculation only changes how many
+//! arrive per model step, never which (mtplx-spec verifies every draft against the model).
+
+use mtplx_kv::KvCache;
+use mtplx_model::sampling::Sampler;
+use mtplx_model::{Generator, LanguageModel};
+use mtplx_spec::{DepthPolicy, PromptLookup, Proposer, SpecDecoder, SpecStats};
+
+use super::error::EngineError;
+use super::job::GenerationMode;
+
+/// How the engine speculates when a request asks for `generation_mode: "mtp"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Speculation {
+    /// Most draft tokens per verify step; 0 turns speculation off for every request.
+    pub depth: usize,
+    pub policy: PolicyKind,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation {
+            depth: 3,
+            policy: PolicyKind::None,
+        }
+    }
+}
+
+/// The adaptive depth policy (`--adaptive-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PolicyKind {
+    /// Always draft `depth` tokens.
+    #[default]
+    None,
+    Streak,
+    ExpectedValue,
+    Cost,
+}
+
+impl PolicyKind {
+    fn build(self, depth: usize) -> DepthPolicy {
+        match self {
+            PolicyKind::None => DepthPolicy::fixed(depth),
+            PolicyKind::Streak => DepthPolicy::Streak { depth, max: depth },
+            PolicyKind::ExpectedValue => {
+                DepthPolicy::ExpectedValue(mtplx_spec::Acceptance::with_priors(depth))
+            }
+            PolicyKind::Cost => DepthPolicy::cost(depth),
+        }
+    }
+}
+
+/// A generation in progress.
+pub(super) enum Decoding<'a> {
+    Plain(Generator<'a>),
+    Spec {
+        decoder: SpecDecoder<'a>,
+        proposer: Box<dyn Proposer>,
+        policy: DepthPolicy,
+        /// Generated tokens already handed out.
+        taken: usize,
+    },
+}
+
+impl<'a> Decoding<'a> {
+    /// Prefills what `cache` lacks of `prompt` (the cache must hold a prefix of it).
+    pub fn start(
+        model: &'a dyn LanguageModel,
+        cache: &'a mut dyn KvCache,
+        prompt: &[u32],
+        sampler: Sampler,
+        chunk: usize,
+        mode: GenerationMode,
+        spec: &Speculation,
+    ) -> Result<Self, EngineError> {
+        if mode == GenerationMode::Ar || spec.depth == 0 {
+            return Ok(Decoding::Plain(Generator::new(
+                model, cache, prompt, sampler, chunk,
+            )?));
+        }
+        Ok(Decoding::Spec {
+            decoder: SpecDecoder::new(model, cache, prompt, sampler, chunk)?,
+            proposer: Box::new(PromptLookup::default()),
+            policy: spec.policy.build(spec.depth),
+            taken: 0,
+        })
+    }
+
+    /// The next tokens (none only when the context is full; at most `max` of them,
+    /// cut after the first for which `is_stop` holds).
+    pub fn next(
+        &mut self,
+        max: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<u32>, EngineError> {
+        match self {
+            Decoding::Plain(g) => Ok(vec![g.step()?]),
+            Decoding::Spec {
+                decoder,
+                proposer,
+                policy,
+                taken,
+            } => {
+                if *taken == decoder.generated().len() {
+                    let start = std::time::Instant::now();
+                    let step = decoder.step(proposer.as_mut(), policy.depth(), max, is_stop)?;
+                    policy.observe(step.drafted, step.accepted, start.elapsed().as_secs_f64());
+                }
+                let fresh = &decoder.generated()[*taken..];
+                let n = fresh.len().min(max);
+                let out = fresh[..n].to_vec();
+                *taken += n;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Whether another token fits in the model's context.
+    pub fn has_room(&self) -> bool {
+        match self {
+            Decoding::Plain(g) => g.has_room(),
+            // The decoder checks its own room: a full context yields no tokens.
+            Decoding::Spec { .. } => true,
+        }
+    }
+
+    /// What speculation did (`None` for plain decoding).
+    pub fn stats(&self) -> Option<(&'static str, &SpecStats)> {
+        match self {
+            Decoding::Plain(_) => None,
+            Decoding::Spec {
+                decoder, proposer, ..
+            } => Some((proposer.name(), &decoder.stats)),
+        }
+    }
+}
