@@ -115,6 +115,7 @@ fn fixture() -> Fixture {
         cap_bytes: 100 * GIB,
         free_disk_floor: 0,
         backlog_cap_bytes: GIB,
+        write_budget_per_hour: u64::MAX,
     };
     let store = ColdStore::open_dir(dir.path(), config).expect("open");
     let e = entry(0);

@@ -10,9 +10,17 @@ pub struct ColdConfig {
     pub free_disk_floor: u64,
     /// Most bytes of spills queued for the background writer.
     pub backlog_cap_bytes: u64,
+    /// Most bytes of new blobs written in any sliding hour, to spare the SSD's endurance;
+    /// a write over it is skipped (`WriteError::OverWriteBudget`) and counted. `u64::MAX`:
+    /// no budget.
+    pub write_budget_per_hour: u64,
 }
 
 pub const GIB: u64 = 1 << 30;
+
+/// 8 GiB an hour: around the clock, 70 TiB a year, a fifth of a 600 TBW consumer drive's
+/// rated endurance over five years at the very worst; real use writes far less.
+pub const DEFAULT_WRITE_BUDGET_PER_HOUR: u64 = 8 * GIB;
 
 /// The original's cap by RAM size: ≤ 16 GiB → 16 GiB, ≤ 32 → 24, ≤ 64 → 32, else 100.
 pub fn default_cap(ram_bytes: u64) -> u64 {
@@ -42,6 +50,7 @@ impl ColdConfig {
             cap_bytes: default_cap(ram_bytes),
             free_disk_floor: 10 * GIB,
             backlog_cap_bytes: 4 * GIB,
+            write_budget_per_hour: DEFAULT_WRITE_BUDGET_PER_HOUR,
         }
     }
 

@@ -145,6 +145,14 @@ pub enum WriteError {
     BelowFreeDiskFloor { free: u64, floor: u64 },
     #[error("entry needs {bytes} B, over the cold tier's cap of {cap} B")]
     TooLarge { bytes: u64, cap: u64 },
+    #[error(
+        "ssd_write_budget: {written_last_hour} B written in the last hour + {bytes} B > {budget} B an hour"
+    )]
+    OverWriteBudget {
+        written_last_hour: u64,
+        bytes: u64,
+        budget: u64,
+    },
     #[error("writer backlog full: {backlog} B queued + {bytes} B > {cap} B")]
     BacklogFull { backlog: u64, bytes: u64, cap: u64 },
     #[error("reading rows to spill: {0}")]

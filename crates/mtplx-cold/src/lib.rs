@@ -36,9 +36,10 @@ mod manifest;
 mod payload;
 pub mod storage;
 mod store;
+mod write_budget;
 mod writer;
 
-pub use budget::{default_cap, physical_ram, ColdConfig, GIB};
+pub use budget::{default_cap, physical_ram, ColdConfig, DEFAULT_WRITE_BUDGET_PER_HOUR, GIB};
 pub use entry::SpillEntry;
 pub use error::{Error, ManifestError, OpenError, ReadError, RestoreErrorKind, WriteError};
 pub use identity::{Identity, IdentityDigest, Mtp};
@@ -55,4 +56,5 @@ pub use payload::{
     RecurrentCheckpoint, TailState,
 };
 pub use store::{ColdStore, OpenReport, Usage};
+pub use write_budget::WriteStats;
 pub use writer::{ForegroundGuard, SpillTicket};

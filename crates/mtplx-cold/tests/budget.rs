@@ -1,5 +1,5 @@
-//! The store stays under its cap by evicting the least recently used entries, and writes
-//! nothing when the disk is nearly full.
+//! The store stays under its cap by evicting the least recently used entries, writes
+//! nothing when the disk is nearly full, and skips writes over its hourly write budget.
 
 mod common;
 
@@ -88,4 +88,36 @@ fn no_write_starts_below_the_free_disk_floor() {
 
     st.set_free_space(10 << 30);
     store.put(&entry(&tokens(300, 0))).unwrap();
+}
+
+#[test]
+fn writes_over_the_hourly_budget_are_skipped_and_counted() {
+    let st = FaultyStorage::new();
+    let t1 = tokens(300, 1);
+    let one = entry(&t1);
+    // Room for one entry's blobs, not two.
+    let mut cfg = config();
+    cfg.write_budget_per_hour = one.estimated_bytes() * 3 / 2;
+    let store = open(&st, cfg);
+    store.put(&one).unwrap();
+    let written = store.write_stats().written_last_hour;
+    assert!(written > 0);
+
+    let t2 = tokens(300, 2);
+    let err = store.put(&entry(&t2)).unwrap_err();
+    assert!(
+        matches!(err, WriteError::OverWriteBudget { written_last_hour, .. } if written_last_hour == written),
+        "{err}"
+    );
+    assert!(err.to_string().starts_with("ssd_write_budget"));
+    let stats = store.write_stats();
+    assert_eq!(stats.skipped_over_budget, 1);
+    assert!(stats.skipped_bytes > 0);
+    assert_eq!(stats.written_last_hour, written);
+    // Nothing of the skipped entry was written.
+    assert!(lookup(&store, &t2).exact.is_err());
+
+    // Re-storing what is already there writes no new blob, so it is not refused.
+    store.put(&one).unwrap();
+    assert_eq!(store.write_stats().skipped_over_budget, 1);
 }

@@ -20,6 +20,7 @@ use crate::key::hex;
 use crate::manifest::{self, Manifest};
 use crate::payload::KvSink;
 use crate::storage::{FsStorage, Storage};
+use crate::write_budget::{WriteStats, WriteWindow};
 use crate::writer::{ForegroundGuard, SpillTicket, Writer};
 use crate::SpillEntry;
 
@@ -63,6 +64,8 @@ pub(crate) struct Inner {
     pub(crate) gc: RwLock<()>,
     /// Blobs a restore found damaged, whose entries are dropped at the next chance.
     pub(crate) damaged: Mutex<Vec<(BlobKind, [u8; 32])>>,
+    /// New blob bytes written in the last hour, against the write budget.
+    pub(crate) written: Mutex<WriteWindow>,
 }
 
 /// The SSD cold tier. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -146,6 +149,11 @@ impl ColdStore {
         let found = released.is_some();
         self.inner.delete_blobs(&released.unwrap_or_default());
         Ok(found)
+    }
+
+    /// What the hourly write budget let through and skipped.
+    pub fn write_stats(&self) -> WriteStats {
+        lock(&self.inner.written).stats(std::time::Instant::now())
     }
 
     pub fn usage(&self) -> Result<Usage, ReadError> {

@@ -52,6 +52,7 @@ pub(crate) fn open(
         mutate: Mutex::new(()),
         gc: RwLock::new(()),
         damaged: Mutex::new(Vec::new()),
+        written: Mutex::new(Default::default()),
     };
     reconcile(&inner, &mut report)?;
     // 4. A crash between a write's commit and its eviction, or a lower cap, leaves the

@@ -158,6 +158,21 @@ fn put_locked(inner: &Inner, entry: &SpillEntry, pause: &dyn Fn()) -> Result<Ent
     if total > cap {
         return Err(WriteError::TooLarge { bytes: total, cap });
     }
+    // Only blobs not stored yet cost the disk anything.
+    let mut fresh = HashSet::new();
+    let new_bytes: u64 = blobs
+        .iter()
+        .filter(|b| !present.contains(&b.1) && fresh.insert(b.1))
+        .map(|b| b.2)
+        .sum();
+    let budget = inner.config.write_budget_per_hour;
+    lock(&inner.written)
+        .admit(std::time::Instant::now(), new_bytes, budget)
+        .map_err(|written_last_hour| WriteError::OverWriteBudget {
+            written_last_hour,
+            bytes: new_bytes,
+            budget,
+        })?;
 
     let mut written: Vec<Released> = Vec::new();
     let result = (|| {

@@ -32,6 +32,7 @@ pub fn config() -> ColdConfig {
         cap_bytes: 100 * GIB,
         free_disk_floor: 0,
         backlog_cap_bytes: GIB,
+        write_budget_per_hour: u64::MAX,
     }
 }
 
