@@ -295,6 +295,33 @@ impl Bank {
         self.reap_spills(true)
     }
 
+    /// The session whose stored conversation the prompt continues: the entry under
+    /// `identity` sharing the longest token prefix with `prompt`, when that prefix covers at
+    /// least 90% of the entry (and 16 tokens) — a returning conversation re-renders its
+    /// earlier turns, so only the last few tokens of the stored answer may differ. For
+    /// clients that name no session.
+    pub fn session_by_prefix(&self, identity: &Identity, prompt: &[u32]) -> Option<SessionId> {
+        let digest = identity.digest();
+        let store = lock(&self.store);
+        store
+            .slots
+            .values()
+            .filter(|s| s.entry.digest == digest)
+            .filter_map(|s| {
+                let lcp = s
+                    .entry
+                    .tokens
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (lcp >= 16 && lcp * 10 >= s.entry.tokens.len() * 9)
+                    .then(|| (lcp, s.entry.session.clone()))
+            })
+            .max_by_key(|(lcp, _)| *lcp)
+            .map(|(_, session)| session)
+    }
+
     fn reap_spills(&self, wait: bool) -> SpillsDone {
         let tickets = std::mem::take(&mut *lock(&self.spills));
         let mut done = SpillsDone::default();

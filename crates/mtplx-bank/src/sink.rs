@@ -65,4 +65,11 @@ impl KvSink for CacheSink<'_> {
         self.tail = Some(tail);
         Ok(())
     }
+
+    /// The restore failed: rows received may be unverified, so none is kept.
+    fn discard(&mut self) {
+        self.cache = None;
+        self.recurrent = None;
+        self.tail = None;
+    }
 }

@@ -154,6 +154,8 @@ proptest! {
                 }
                 Op::Lookup(seq) => {
                     let prompt = seq.tokens();
+                    // Apply the TTL first, as the lookup does, so `contains` agrees with it.
+                    bank.expire();
                     let want = held
                         .iter()
                         .filter(|((o, t), _)| !o && bank.contains(&id, t))

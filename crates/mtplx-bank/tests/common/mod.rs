@@ -159,6 +159,7 @@ pub fn cold_config() -> ColdConfig {
         cap_bytes: 100 * GIB,
         free_disk_floor: 0,
         backlog_cap_bytes: GIB,
+        ..ColdConfig::for_ram(128 * GIB)
     }
 }
 
