@@ -3,6 +3,7 @@
 //! - `fetch-model`: fetch and verify the default model into the store.
 //! - `test`: fetch the model, then run the whole test suite (what CI runs).
 //! - `bench`: run the criterion benches and print the figures side by side.
+//! - `cold-bench`: the SSD tier's restore, write and overhead figures (`cold_bench.rs`).
 
 use std::process::Command;
 
@@ -10,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 
+mod cold_bench;
 #[derive(Parser)]
 #[command(name = "xtask", about = "mtplx project tasks")]
 struct Cli {
@@ -19,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
+    /// The SSD tier's restore-vs-raw-read, write and overhead figures.
+    ColdBench(cold_bench::ColdBenchArgs),
     /// Fetch and verify the default model into $MTPLX_HOME/models.
     FetchModel,
     /// Fetch the default model, then run every test of the workspace.
@@ -60,6 +64,7 @@ fn cargo(args: &[&str], extra: &[String], envs: &[(&str, String)]) -> Result<()>
 
 fn main() -> Result<()> {
     match Cli::parse().task {
+        Task::ColdBench(args) => cold_bench::run(&args)?,
         Task::FetchModel => {
             fetch_model()?;
         }
