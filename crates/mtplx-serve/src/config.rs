@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use mtplx_model::WeightFormat;
 
+use crate::cache::{SsdMode, TierConfig};
 use crate::engine::{PolicyKind, Speculation};
 use crate::request_log::{self, Rotation};
 use crate::state::Settings;
@@ -52,6 +53,47 @@ impl From<AdaptivePolicy> for PolicyKind {
             AdaptivePolicy::Cost => PolicyKind::Cost,
         }
     }
+}
+
+/// `--ssd-session-cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SsdFlag {
+    Off,
+    On,
+    #[value(name = "write-only")]
+    WriteOnly,
+}
+
+/// `--kv-layout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LayoutFlag {
+    Contiguous,
+    Paged,
+    Segmented,
+}
+
+/// A size in bytes: a number with an optional `K`/`M`/`G`/`T` suffix (powers of 1024,
+/// `B`, `iB` and `b` accepted: `512M`, `8GiB`, `100GB`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (try 512M, 8G, 100GB)"))?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let unit = unit.trim_end_matches('b').trim_end_matches('i');
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => return Err(format!("`{s}`: unknown size unit (use K, M, G or T)")),
+    };
+    Ok((n * mult as f64) as u64)
 }
 
 /// Serve a model over OpenAI- and Anthropic-compatible HTTP APIs.
@@ -105,6 +147,44 @@ pub struct Config {
         default_value = "none"
     )]
     pub adaptive_policy: AdaptivePolicy,
+    /// The KV layout the engine decodes in (restores are built in it).
+    #[arg(long, env = "MTPLX_KV_LAYOUT", value_enum, default_value = "paged")]
+    pub kv_layout: LayoutFlag,
+    /// Spill evicted conversations to an SSD tier and restore them from it.
+    #[arg(
+        long,
+        env = "MTPLX_SSD_SESSION_CACHE",
+        value_enum,
+        default_value = "on"
+    )]
+    pub ssd_session_cache: SsdFlag,
+    /// Where the SSD tier lives [default: $MTPLX_HOME/session-bank].
+    #[arg(long, env = "MTPLX_SSD_SESSION_CACHE_DIR")]
+    pub ssd_session_cache_dir: Option<PathBuf>,
+    /// Largest size of the SSD tier [default: by RAM, 16G to 100G, at most a quarter of
+    /// the free disk].
+    #[arg(long, env = "MTPLX_SSD_SESSION_CACHE_MAX_SIZE", value_parser = parse_bytes)]
+    pub ssd_session_cache_max_size: Option<u64>,
+    /// Bytes the RAM session bank may hold [default: min(24G, RAM/4)].
+    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_BYTES", value_parser = parse_bytes)]
+    pub session_bank_max_bytes: Option<u64>,
+    /// Bytes one session may hold in the bank [default: min(8G, bank/3)].
+    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_SESSION_BYTES", value_parser = parse_bytes)]
+    pub session_bank_max_session_bytes: Option<u64>,
+    /// Entries the bank may hold [default: 24].
+    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_ENTRIES")]
+    pub session_bank_max_entries: Option<usize>,
+    /// Newest entries kept per session [default: 3].
+    #[arg(long, env = "MTPLX_SESSION_BANK_ENTRIES_PER_SESSION")]
+    pub session_bank_entries_per_session: Option<usize>,
+    /// Seconds an idle entry stays in the bank [default: 3600].
+    #[arg(long, env = "MTPLX_SESSION_BANK_TTL")]
+    pub session_bank_ttl: Option<u64>,
+    /// Memory a request's projected peak may reach (weights, bank, running requests);
+    /// above it the bank sheds entries, then the request gets HTTP 507 [default: 85% of
+    /// RAM].
+    #[arg(long, env = "MTPLX_MEMORY_LIMIT", value_parser = parse_bytes)]
+    pub memory_limit: Option<u64>,
 }
 
 /// Whether `host` names the loopback interface.
@@ -158,7 +238,49 @@ impl Config {
                 depth: if self.no_mtp { 0 } else { self.depth },
                 policy: self.adaptive_policy.into(),
             },
+            cache: self.tier_config(),
         }
+    }
+
+    /// The cache tier these flags ask for.
+    pub fn tier_config(&self) -> TierConfig {
+        let mut t = TierConfig::detect();
+        t.layout = match self.kv_layout {
+            LayoutFlag::Contiguous => mtplx_kv::LayoutKind::Contiguous,
+            LayoutFlag::Paged => mtplx_kv::LayoutKind::Paged,
+            LayoutFlag::Segmented => mtplx_kv::LayoutKind::Segmented,
+        };
+        t.ssd = match self.ssd_session_cache {
+            SsdFlag::Off => SsdMode::Off,
+            SsdFlag::On => SsdMode::On,
+            SsdFlag::WriteOnly => SsdMode::WriteOnly,
+        };
+        if let Some(dir) = &self.ssd_session_cache_dir {
+            t.ssd_dir = dir.clone();
+        }
+        t.ssd_max_bytes = self.ssd_session_cache_max_size;
+        let b = &mut t.bank;
+        if let Some(v) = self.session_bank_max_bytes {
+            b.max_bytes = v;
+            b.max_session_bytes = b.max_session_bytes.min(v);
+        }
+        if let Some(v) = self.session_bank_max_session_bytes {
+            b.max_session_bytes = v;
+        }
+        if let Some(v) = self.session_bank_max_entries {
+            b.max_entries = v;
+        }
+        if let Some(v) = self.session_bank_entries_per_session {
+            b.max_entries_per_session = v;
+        }
+        if let Some(v) = self.session_bank_ttl {
+            b.idle_ttl = Duration::from_secs(v);
+        }
+        if let Some(v) = self.memory_limit {
+            b.memory_limit_bytes = v;
+        }
+        t.weights_label = format!("{:?}", self.weight_format());
+        t
     }
 }
 
@@ -231,6 +353,40 @@ mod tests {
             }
         );
         assert_eq!(parse(&["--no-mtp"]).settings().speculation.depth, 0);
+        let t = parse(&[
+            "--ssd-session-cache",
+            "write-only",
+            "--ssd-session-cache-dir",
+            "/tmp/x",
+            "--memory-limit",
+            "2G",
+            "--session-bank-max-bytes",
+            "512M",
+            "--session-bank-ttl",
+            "60",
+            "--kv-layout",
+            "segmented",
+        ])
+        .tier_config();
+        assert_eq!(t.ssd, SsdMode::WriteOnly);
+        assert_eq!(t.ssd_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(t.bank.memory_limit_bytes, 2 << 30);
+        assert_eq!(t.bank.max_bytes, 512 << 20);
+        assert!(t.bank.max_session_bytes <= 512 << 20);
+        assert_eq!(t.bank.idle_ttl, Duration::from_secs(60));
+        assert_eq!(t.layout, mtplx_kv::LayoutKind::Segmented);
+        assert_eq!(parse(&[]).tier_config().ssd, SsdMode::On);
+    }
+
+    #[test]
+    fn sizes_take_units() {
+        assert_eq!(parse_bytes("100GB").unwrap(), 100 << 30);
+        assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5K").unwrap(), 1536);
+        assert_eq!(parse_bytes("42").unwrap(), 42);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5X").is_err());
         let d = parse(&["--port", "9001"]);
         let log = d.request_log_path().unwrap();
         assert!(

@@ -20,6 +20,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds after which a retry may succeed (`Retry-After`).
     pub retry_after: Option<u64>,
+    /// For a 507: `refusal_reason` and `retry_when`.
+    /// Boxed: it is rare, and keeps `Result<_, ApiError>` small.
+    pub refusal: Option<Box<(&'static str, &'static str)>>,
 }
 
 /// The JSON shape an error is rendered in.
@@ -52,6 +55,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            refusal: None,
         }
     }
 
@@ -149,6 +153,31 @@ impl ApiError {
         }
     }
 
+    /// 507: the request's projected peak memory does not fit, even after the session bank
+    /// shed what it could. Nothing committed was lost.
+    pub fn insufficient_memory(r: &mtplx_bank::Refusal) -> Self {
+        use mtplx_bank::RetryWhen;
+        let hint = match r.retry_when {
+            RetryWhen::AfterActiveRequests => "retry when the requests running now have finished",
+            RetryWhen::ReduceRequest => "shorten the prompt or lower max_tokens",
+        };
+        ApiError {
+            code: Some(r.refusal_reason.as_str()),
+            retry_after: (r.retry_when == RetryWhen::AfterActiveRequests).then_some(5),
+            refusal: Some(Box::new((r.refusal_reason.as_str(), r.retry_when.as_str()))),
+            ..ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "server_error",
+                format!(
+                    "Not enough memory for this request: it needs about {} MiB at its peak \
+                     against a limit of {} MiB; {hint}.",
+                    r.needed_bytes >> 20,
+                    r.limit_bytes >> 20
+                ),
+            )
+        }
+    }
+
     /// 504: the response did not start within the request timeout.
     pub fn timeout(seconds: f64) -> Self {
         ApiError {
@@ -169,18 +198,32 @@ impl ApiError {
     /// The JSON body in `format`.
     pub fn to_json(&self, format: ErrorFormat) -> serde_json::Value {
         match format {
-            ErrorFormat::OpenAi => json!({
-                "error": {
-                    "message": self.message,
-                    "type": self.kind,
-                    "param": self.param,
-                    "code": self.code,
+            ErrorFormat::OpenAi => {
+                let mut v = json!({
+                    "error": {
+                        "message": self.message,
+                        "type": self.kind,
+                        "param": self.param,
+                        "code": self.code,
+                    }
+                });
+                if let Some((reason, when)) = self.refusal.as_deref() {
+                    v["error"]["refusal_reason"] = json!(reason);
+                    v["error"]["retry_when"] = json!(when);
                 }
-            }),
-            ErrorFormat::Anthropic => json!({
-                "type": "error",
-                "error": { "type": self.anthropic_kind(), "message": self.message },
-            }),
+                v
+            }
+            ErrorFormat::Anthropic => {
+                let mut v = json!({
+                    "type": "error",
+                    "error": { "type": self.anthropic_kind(), "message": self.message },
+                });
+                if let Some((reason, when)) = self.refusal.as_deref() {
+                    v["error"]["refusal_reason"] = json!(reason);
+                    v["error"]["retry_when"] = json!(when);
+                }
+                v
+            }
         }
     }
 

@@ -29,6 +29,7 @@
 
 pub mod api;
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -43,6 +43,10 @@ pub fn document() -> Value {
             "/health": { "get": op("Liveness (no key needed)", None) },
             "/metrics": { "get": op("Prometheus metrics", None) },
             "/openapi.json": { "get": op("This document", None) },
+            "/admin/sessions": { "get": op("Sessions in the RAM bank (admin)", None) },
+            "/admin/cache/clear": { "post": op("Forget every bank entry (admin)", None) },
+            "/admin/sessions/{id}/clear": { "post": op("Forget one session's entries (admin)", None) },
+            "/admin/cache/ssd": { "get": op("The SSD tier's mode and usage (admin)", None) },
         },
         "components": {
             "securitySchemes": {

@@ -31,6 +31,10 @@ pub enum Route {
     Health,
     Metrics,
     OpenApi,
+    AdminSessions,
+    AdminCacheClear,
+    AdminSessionClear(String),
+    AdminSsd,
 }
 
 impl Route {
@@ -51,10 +55,20 @@ impl Route {
             "/health" | "/healthz" => (Route::Health, Method::GET),
             "/metrics" => (Route::Metrics, Method::GET),
             "/openapi.json" => (Route::OpenApi, Method::GET),
-            p => match p.strip_prefix("/v1/models/") {
-                Some(id) if !id.is_empty() => (Route::Model(id.to_owned()), Method::GET),
-                _ => return Err(ApiError::route_not_found(method, path)),
-            },
+            "/admin/sessions" => (Route::AdminSessions, Method::GET),
+            "/admin/cache/clear" => (Route::AdminCacheClear, Method::POST),
+            "/admin/cache/ssd" => (Route::AdminSsd, Method::GET),
+            p => {
+                let session = p
+                    .strip_prefix("/admin/sessions/")
+                    .and_then(|rest| rest.strip_suffix("/clear"))
+                    .filter(|id| !id.is_empty() && !id.contains('/'));
+                match (p.strip_prefix("/v1/models/"), session) {
+                    (Some(id), _) if !id.is_empty() => (Route::Model(id.to_owned()), Method::GET),
+                    (_, Some(id)) => (Route::AdminSessionClear(id.to_owned()), Method::POST),
+                    _ => return Err(ApiError::route_not_found(method, path)),
+                }
+            }
         };
         if *method == want || (want == Method::GET && *method == Method::HEAD) {
             Ok(route)
@@ -75,6 +89,10 @@ impl Route {
             Route::Health => "/health",
             Route::Metrics => "/metrics",
             Route::OpenApi => "/openapi.json",
+            Route::AdminSessions => "/admin/sessions",
+            Route::AdminCacheClear => "/admin/cache/clear",
+            Route::AdminSessionClear(_) => "/admin/sessions/{id}/clear",
+            Route::AdminSsd => "/admin/cache/ssd",
         }
     }
 
@@ -125,13 +143,7 @@ impl Service<Request<Body>> for Generate {
             };
             Ok(result.unwrap_or_else(|e| {
                 if let Some(log) = state.request_log() {
-                    let status = e.status.as_u16();
-                    log.append(&Record::failed(
-                        &ctx.request_id,
-                        route.label(),
-                        status,
-                        e.code,
-                    ));
+                    log.append(&Record::from_error(&ctx.request_id, route.label(), &e));
                 }
                 e.into_response_as(ErrorFormat::for_path(route.label()))
             }))
@@ -190,6 +202,10 @@ impl Service<Request<Body>> for Router {
                 Route::Metrics => Ok(api::models::metrics(&state)),
                 Route::OpenApi => Ok(api::json_response(&crate::openapi::document())),
                 Route::CountTokens => api::anthropic::count_tokens(state, req).await,
+                Route::AdminSessions => Ok(api::admin::sessions(&state)),
+                Route::AdminCacheClear => Ok(api::admin::clear(&state)),
+                Route::AdminSessionClear(id) => api::admin::clear_session(&state, id),
+                Route::AdminSsd => api::admin::ssd(&state),
                 _ => Err(ApiError::internal(
                     "a generation route reached the cheap path",
                 )),
@@ -228,6 +244,22 @@ mod tests {
             http::StatusCode::NOT_FOUND
         );
         assert_eq!(label_of(&Method::GET, "/a/b/c"), "other");
+        assert_eq!(
+            Route::resolve(&Method::POST, "/admin/sessions/abc/clear").unwrap(),
+            Route::AdminSessionClear("abc".into())
+        );
+        assert_eq!(
+            Route::resolve(&Method::POST, "/admin/sessions//clear")
+                .unwrap_err()
+                .status,
+            http::StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            Route::resolve(&Method::GET, "/admin/cache/clear")
+                .unwrap_err()
+                .status,
+            http::StatusCode::METHOD_NOT_ALLOWED
+        );
         assert!(Route::Messages.generates() && !Route::CountTokens.generates());
     }
 }

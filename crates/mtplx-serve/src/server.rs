@@ -76,7 +76,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         settings.max_active_requests,
         match settings.speculation.depth {
             0 => "off".to_string(),
-            d => format!("depth {d}, prompt lookup, {:?}", settings.speculation.policy),
+            d => format!(
+                "depth {d}, prompt lookup, {:?}",
+                settings.speculation.policy
+            ),
         },
         settings
             .request_log

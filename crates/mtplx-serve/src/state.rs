@@ -8,6 +8,7 @@ use std::time::Duration;
 use mtplx_model::{Bundle, LanguageModel};
 use tokio::sync::Semaphore;
 
+use crate::cache::{CacheTier, Pipeline, SsdMode, TierConfig};
 use crate::engine::{Engine, EngineConfig, Speculation};
 use crate::metrics::Metrics;
 use crate::request_log::{RequestLog, Rotation};
@@ -31,6 +32,8 @@ pub struct Settings {
     pub request_timeout: Duration,
     /// Drafting for requests in `mtp` mode (the default mode).
     pub speculation: Speculation,
+    /// The session bank, the SSD tier and the KV layout.
+    pub cache: TierConfig,
 }
 
 impl Default for Settings {
@@ -45,6 +48,11 @@ impl Default for Settings {
             max_body_bytes: 16 << 20,
             request_timeout: Duration::from_secs(600),
             speculation: Speculation::default(),
+            // A library user opts in to writing the disk; the server's flag defaults on.
+            cache: TierConfig {
+                ssd: SsdMode::Off,
+                ..TierConfig::detect()
+            },
         }
     }
 }
@@ -58,6 +66,8 @@ pub struct AppState {
 struct Inner {
     bundle: Arc<Bundle>,
     engine: Engine,
+    tier: CacheTier,
+    pipeline: Pipeline,
     metrics: Arc<Metrics>,
     log: Option<Arc<RequestLog>>,
     settings: Settings,
@@ -68,8 +78,16 @@ struct Inner {
 }
 
 impl AppState {
-    /// Starts an engine for `bundle`.
+    /// Opens the cache tier and starts an engine for `bundle`.
     pub fn new(bundle: Arc<Bundle>, settings: Settings) -> std::io::Result<Self> {
+        let tier = CacheTier::open(
+            &bundle,
+            TierConfig {
+                prefill_chunk_tokens: settings.prefill_chunk_tokens.max(1),
+                ..settings.cache.clone()
+            },
+        )
+        .map_err(std::io::Error::other)?;
         let model_ctx = bundle.model.config().context_length;
         let context_window = settings
             .context_window
@@ -89,13 +107,16 @@ impl AppState {
                 queue_capacity: settings.max_active_requests.max(1) * 2 + 8,
                 speculation: settings.speculation.clone(),
             },
+            tier.clone(),
             metrics.clone(),
             log.clone(),
         )?;
         Ok(AppState {
             inner: Arc::new(Inner {
                 bundle,
+                pipeline: crate::cache::pipeline(&tier, engine.clone()),
                 engine,
+                tier,
                 metrics,
                 log,
                 settings: settings.clone(),
@@ -117,6 +138,16 @@ impl AppState {
 
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// The cache path around the engine: what generation handlers submit to.
+    pub fn pipeline(&self) -> Pipeline {
+        self.inner.pipeline.clone()
+    }
+
+    /// The session bank and SSD tier.
+    pub fn tier(&self) -> &CacheTier {
+        &self.inner.tier
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {

@@ -131,7 +131,8 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             ignore_eos,
             extras: body.extras.clone(),
         },
-    )?;
+    )
+    .await?;
     let id = format!("cmpl-{}", ctx.id_suffix());
     let model = state.model_id().to_owned();
     if streaming {

@@ -3,6 +3,7 @@
 
 use mtplx_model::sampling::Sampler;
 use tokio::sync::mpsc;
+use tower::ServiceExt;
 
 use super::extras::RequestExtras;
 use super::RequestCtx;
@@ -25,7 +26,7 @@ pub struct Generation {
 
 /// Checks `g` and queues it. A prompt that leaves no room for one new token is a 400
 /// `context_length_exceeded`; `max_tokens` beyond the room left is capped to it.
-pub fn submit(
+pub async fn submit(
     state: &AppState,
     ctx: &RequestCtx,
     endpoint: &'static str,
@@ -49,7 +50,7 @@ pub fn submit(
     let mode = g.extras.mode()?;
     // A header names the session first; the body next; the engine matches the rest.
     let session = ctx.session.clone().or_else(|| g.extras.session());
-    state.engine().submit(Job {
+    let job = Job {
         request_id: ctx.request_id.clone(),
         endpoint,
         prompt: g.prompt,
@@ -60,7 +61,11 @@ pub fn submit(
         mode,
         session,
         received: ctx.received,
-    })
+        resolved: None,
+        reservation: None,
+        restore: None,
+    };
+    state.pipeline().oneshot(job).await
 }
 
 /// A generation's whole text and its summary.
@@ -76,7 +81,12 @@ pub async fn collect(mut events: mpsc::Receiver<Event>) -> Result<Completed, Api
     while let Some(event) = events.recv().await {
         match event {
             Event::Text(t) => text.push_str(&t),
-            Event::Done(summary) => return Ok(Completed { text, summary }),
+            Event::Done(summary) => {
+                return Ok(Completed {
+                    text,
+                    summary: *summary,
+                })
+            }
             Event::Failed(message) => return Err(ApiError::internal(message)),
         }
     }

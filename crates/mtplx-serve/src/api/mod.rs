@@ -1,6 +1,7 @@
 //! The HTTP API: wire types and handlers, one module per endpoint family. Everything model
 //! related goes through [`generate`] to the engine.
 
+pub mod admin;
 pub mod anthropic;
 pub mod chat;
 pub mod completions;

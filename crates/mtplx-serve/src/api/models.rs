@@ -42,5 +42,73 @@ pub fn metrics(state: &AppState) -> Response<Body> {
          # TYPE mtplx_active_requests gauge\nmtplx_active_requests {}\n",
         state.active_requests()
     ));
+    let tier = state.tier();
+    let bank = tier.bank().stats();
+    let mut gauges = vec![
+        (
+            "mtplx_bank_bytes",
+            "Bytes held by the RAM session bank.",
+            bank.bytes,
+        ),
+        (
+            "mtplx_bank_entries",
+            "Entries in the RAM session bank.",
+            bank.entries as u64,
+        ),
+        (
+            "mtplx_bank_sessions",
+            "Sessions in the RAM session bank.",
+            bank.sessions as u64,
+        ),
+        (
+            "mtplx_memory_reserved_bytes",
+            "Memory reserved by admitted requests.",
+            tier.reserved(),
+        ),
+    ];
+    if let Some(usage) = tier.cold().and_then(|c| c.usage().ok()) {
+        gauges.push((
+            "mtplx_ssd_bytes",
+            "Bytes of blobs in the SSD tier.",
+            usage.used_bytes,
+        ));
+        gauges.push((
+            "mtplx_ssd_entries",
+            "Entries in the SSD tier.",
+            usage.entries,
+        ));
+    }
+    for (name, help, v) in gauges {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+        ));
+    }
+    let counters = [
+        (
+            "mtplx_bank_spills_queued_total",
+            "Bank entries queued for the SSD tier.",
+            bank.spills_queued,
+        ),
+        (
+            "mtplx_bank_spills_failed_total",
+            "Spills that failed.",
+            bank.spills_failed,
+        ),
+        (
+            "mtplx_bank_refused_total",
+            "Requests refused by admission (HTTP 507).",
+            bank.refused,
+        ),
+        (
+            "mtplx_bank_shed_entries_total",
+            "Bank entries shed to admit a request.",
+            bank.shed_entries,
+        ),
+    ];
+    for (name, help, v) in counters {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+        ));
+    }
     text_response(text, "text/plain; version=0.0.4; charset=utf-8")
 }

@@ -85,7 +85,7 @@ impl<E: SseEncoder + Unpin> hyper::body::Body for SseBody<E> {
                 Poll::Ready(Some(Event::Text(t))) => this.encoder.text(t),
                 Poll::Ready(Some(Event::Done(s))) => {
                     this.events = None;
-                    this.encoder.done(s)
+                    this.encoder.done(*s)
                 }
                 Poll::Ready(Some(Event::Failed(m))) => {
                     this.events = None;
@@ -163,7 +163,7 @@ pub(crate) mod tests {
         let (tx, rx) = mpsc::channel(8);
         tx.send(Event::Text("a".into())).await.unwrap();
         tx.send(Event::Text("b".into())).await.unwrap();
-        tx.send(Event::Done(Summary::for_test(Finish::Length, 2)))
+        tx.send(Event::Done(Box::new(Summary::for_test(Finish::Length, 2))))
             .await
             .unwrap();
         let body = SseBody::new(rx, Plain).collect().await.unwrap().to_bytes();

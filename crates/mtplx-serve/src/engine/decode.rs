@@ -125,6 +125,14 @@ impl<'a> Decoding<'a> {
         }
     }
 
+    /// Prompt and generated tokens so far.
+    pub fn tokens(&self) -> &[u32] {
+        match self {
+            Decoding::Plain(g) => g.tokens(),
+            Decoding::Spec { decoder, .. } => decoder.tokens(),
+        }
+    }
+
     /// What speculation did (`None` for plain decoding).
     pub fn stats(&self) -> Option<(&'static str, &SpecStats)> {
         match self {

@@ -5,6 +5,9 @@ use std::time::Instant;
 use mtplx_model::sampling::Sampler;
 use mtplx_spec::SpecStats;
 
+use crate::cache::restore::RestoreOutcome;
+use crate::cache::session::Resolved;
+use crate::cache::tier::Reservation;
 use crate::layers::session::SessionHint;
 
 /// How a request wants its tokens produced (`generation_mode`); the tokens are the same
@@ -52,8 +55,14 @@ pub struct Job {
     /// Keep going past the model's end-of-turn tokens (benchmarks).
     pub ignore_eos: bool,
     pub mode: GenerationMode,
-    /// The session the client named (header or body); `None` lets the engine match one.
+    /// The session the client named (header or body); `None` lets the cache path match one.
     pub session: Option<SessionHint>,
+    /// Set by the session stage: the session this job runs and commits under.
+    pub resolved: Option<Resolved>,
+    /// Set by admission: memory held until the job is dropped.
+    pub reservation: Option<Reservation>,
+    /// Set by the restore stage: the restored cache and how it was found.
+    pub restore: Option<RestoreOutcome>,
     /// When the request arrived: time to first token counts from here.
     pub received: Instant,
 }
@@ -64,7 +73,7 @@ pub enum Event {
     /// New text, safe to show (no partial stop strings, whole UTF-8 chars).
     Text(String),
     /// The generation ended normally.
-    Done(Summary),
+    Done(Box<Summary>),
     /// The model failed; the message is for the client.
     Failed(String),
 }
@@ -127,6 +136,22 @@ pub struct Summary {
     pub mode: GenerationMode,
     /// `None` for plain decoding.
     pub spec: Option<SpecSummary>,
+    /// The session's id (hashed in the log) and where it came from.
+    pub session: Option<(String, &'static str)>,
+    /// What the cache path did (`None` when the job bypassed it).
+    pub cache: Option<CacheSummary>,
+}
+
+/// The cache path's account of a job, for the request log and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheSummary {
+    pub mode: String,
+    pub source: String,
+    pub miss_reason: Option<String>,
+    pub fields: Vec<(&'static str, mtplx_bank::LogValue)>,
+    pub restore_s: f64,
+    /// Whether the conversation was committed to the bank afterwards.
+    pub committed: bool,
 }
 
 impl Summary {
@@ -159,6 +184,8 @@ impl Summary {
             prompt_hash: String::new(),
             mode: GenerationMode::Ar,
             spec: None,
+            session: None,
+            cache: None,
         }
     }
 }
@@ -190,6 +217,8 @@ mod tests {
             prompt_hash: prompt_hash(&[1, 2]),
             mode: GenerationMode::Ar,
             spec: None,
+            session: None,
+            cache: None,
         };
         assert_eq!(s.prompt_tps(), Some(20.0));
         assert_eq!(s.decode_tok_s(), Some(2.0));

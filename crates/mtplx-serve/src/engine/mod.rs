@@ -17,8 +17,11 @@ use tokio::sync::mpsc;
 
 pub use decode::{PolicyKind, Speculation};
 pub use error::EngineError;
-pub use job::{prompt_hash, Event, Finish, GenerationMode, Job, SpecSummary, Summary};
+pub use job::{
+    prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, SpecSummary, Summary,
+};
 
+use crate::cache::CacheTier;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request_log::RequestLog;
@@ -53,12 +56,13 @@ impl Engine {
     pub fn spawn(
         bundle: Arc<Bundle>,
         config: EngineConfig,
+        tier: CacheTier,
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
     ) -> std::io::Result<Engine> {
         let (tx, mut rx) =
             mpsc::channel::<(Job, mpsc::Sender<Event>)>(config.queue_capacity.max(1));
-        let mut worker = worker::Worker::new(bundle, config, metrics.clone(), log);
+        let mut worker = worker::Worker::new(bundle, config, tier, metrics.clone(), log);
         std::thread::Builder::new()
             .name("mtplx-engine".into())
             .spawn(move || {
@@ -93,6 +97,27 @@ impl Engine {
             }
         })?;
         Ok(events_rx)
+    }
+}
+
+/// What the engine answers a job with: its events, in order.
+pub type EngineReply = mpsc::Receiver<Event>;
+
+/// The engine as the innermost service of the cache path ([`crate::cache::pipeline`]).
+impl tower::Service<Job> for Engine {
+    type Response = EngineReply;
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<EngineReply, ApiError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ApiError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, job: Job) -> Self::Future {
+        std::future::ready(self.submit(job))
     }
 }
 

@@ -4,53 +4,81 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_bank::Commit;
+use mtplx_kv::KvCache;
 use mtplx_model::stop::StopMatcher;
 use mtplx_model::{Bundle, LanguageModel, Want};
 use tokio::sync::mpsc;
 
 use super::decode::Decoding;
 use super::error::EngineError;
-use super::job::{prompt_hash, Event, Finish, GenerationMode, Job, SpecSummary, Summary};
+use super::job::{
+    prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, SpecSummary, Summary,
+};
 use super::EngineConfig;
+use crate::cache::CacheTier;
 use crate::metrics::Metrics;
 use crate::request_log::{Record, RequestLog};
 
-/// Owns the model's KV cache; everything else is shared read-only.
+/// Runs jobs on the engine thread; the bank behind `tier` keeps their caches after.
 pub(super) struct Worker {
     pub bundle: Arc<Bundle>,
     pub config: EngineConfig,
+    pub tier: CacheTier,
     pub metrics: Arc<Metrics>,
     pub log: Option<Arc<RequestLog>>,
-    pub cache: Box<dyn KvCache>,
 }
 
 impl Worker {
     pub fn new(
         bundle: Arc<Bundle>,
         config: EngineConfig,
+        tier: CacheTier,
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
     ) -> Self {
-        let cache = CacheFactory::contiguous().new_cache(bundle.model.config().kv_shape());
         Worker {
             bundle,
             config,
+            tier,
             metrics,
             log,
-            cache,
         }
     }
 
     /// Runs `job`, streaming its events to `tx`, then records it.
-    pub fn run(&mut self, job: Job, tx: mpsc::Sender<Event>) {
-        match self.generate(&job, &tx) {
+    pub fn run(&mut self, mut job: Job, tx: mpsc::Sender<Event>) {
+        let restore = job.restore.take().unwrap_or_default();
+        let mut cache = restore.cache.unwrap_or_else(|| {
+            self.tier
+                .factory()
+                .new_cache(self.bundle.model.config().kv_shape())
+        });
+        let mut tokens = Vec::new();
+        let result = self.generate(&job, cache.as_mut(), &mut tokens, &tx);
+        let committed = self.commit(&job, cache.as_ref(), &tokens);
+        let result = result.map(|mut summary| {
+            summary.session = job
+                .resolved
+                .as_ref()
+                .map(|r| (r.id.as_str().to_owned(), r.source.as_str()));
+            summary.cache = Some(CacheSummary {
+                mode: restore.mode,
+                source: restore.source,
+                miss_reason: restore.miss_reason,
+                fields: restore.fields,
+                restore_s: restore.restore_s,
+                committed,
+            });
+            summary
+        });
+        match result {
             Ok(summary) => {
                 self.metrics.record(&summary);
                 if let Some(log) = &self.log {
                     log.append(&Record::finished(&job.request_id, job.endpoint, &summary));
                 }
-                let _ = tx.blocking_send(Event::Done(summary));
+                let _ = tx.blocking_send(Event::Done(Box::new(summary)));
             }
             Err(e) => {
                 tracing::error!(request_id = %job.request_id, "generation failed: {e}");
@@ -68,12 +96,46 @@ impl Worker {
         }
     }
 
-    fn generate(&mut self, job: &Job, tx: &mpsc::Sender<Event>) -> Result<Summary, EngineError> {
+    /// Commits what the cache holds (the prompt and the answer so far, cancelled or not) to
+    /// the bank under the job's session. Returns whether it was kept.
+    fn commit(&self, job: &Job, cache: &dyn KvCache, tokens: &[u32]) -> bool {
+        let Some(resolved) = &job.resolved else {
+            return false;
+        };
+        let held = cache.len();
+        if held == 0 || tokens.len() < held {
+            return false;
+        }
+        let commit = Commit {
+            session: resolved.id.clone(),
+            identity: self.tier.identity().clone(),
+            tokens: tokens[..held].to_vec(),
+            kv: cache.snapshot(),
+            continuation: None,
+            checkpoints: None,
+        };
+        match self.tier.bank().commit(commit) {
+            Ok(report) => report.kept,
+            Err(e) => {
+                tracing::warn!(request_id = %job.request_id, "session commit failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// Generates into `cache` (which holds a prefix of the prompt, maybe empty), leaving in
+    /// `tokens` every token whose K/V the cache may hold.
+    fn generate(
+        &mut self,
+        job: &Job,
+        cache: &mut dyn KvCache,
+        tokens: &mut Vec<u32>,
+        tx: &mpsc::Sender<Event>,
+    ) -> Result<Summary, EngineError> {
         let Worker {
             bundle,
             config,
             metrics,
-            cache,
             ..
         } = self;
         let (model, tokenizer) = (&bundle.model, &bundle.tokenizer);
@@ -91,23 +153,31 @@ impl Worker {
             prompt_hash: prompt_hash(prompt),
             mode: GenerationMode::Ar,
             spec: None,
+            session: None,
+            cache: None,
         };
 
-        // Prefill all but the last prompt token chunk by chunk, so a client that leaves
-        // during a long prefill stops it within one chunk.
+        // The restored prefix (always short of the whole prompt: the last token is run to
+        // get logits).
+        let reused = cache.len().min(prompt.len() - 1);
+        cache.truncate(reused);
+        summary.cached_tokens = reused;
+        *tokens = prompt.clone();
+
+        // Prefill the rest but the last prompt token chunk by chunk, so a client that
+        // leaves during a long prefill stops it within one chunk.
         let prefill_start = Instant::now();
-        cache.truncate(0);
-        for piece in prompt[..prompt.len().saturating_sub(1)].chunks(chunk) {
+        for piece in prompt[reused..prompt.len() - 1].chunks(chunk) {
             if tx.is_closed() {
                 summary.prefill_s = prefill_start.elapsed().as_secs_f64();
                 return Ok(summary);
             }
-            model.forward(piece, cache.as_mut(), Want::Nothing)?;
+            model.forward(piece, cache, Want::Nothing)?;
             summary.new_prefill_tokens += piece.len();
         }
         let mut gen = Decoding::start(
             model,
-            cache.as_mut(),
+            cache,
             prompt,
             job.sampler.clone(),
             chunk,
@@ -184,6 +254,8 @@ impl Worker {
             proposer,
             stats: stats.clone(),
         });
+        tokens.clear();
+        tokens.extend_from_slice(gen.tokens());
         summary.finish = match finish {
             Finish::Cancelled | Finish::StopSequence(_) => finish,
             _ => {

@@ -41,6 +41,12 @@ pub struct Metrics {
     pub spec_accepted: Family,
     /// Generations by `generation_mode` as run.
     pub modes: Family,
+    /// Generations by `session_restore_mode`.
+    pub restores: Family,
+    /// Generations that reused nothing, by `cache_miss_reason`.
+    pub misses: Family,
+    /// Prompt tokens restored instead of computed.
+    pub cached_tokens: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -71,6 +77,17 @@ impl Default for Metrics {
                 "Generations by the mode that ran.",
                 "mode",
             ),
+            restores: Family::new(
+                "mtplx_restores_total",
+                "Generations by how their prompt's K/V was found.",
+                "mode",
+            ),
+            misses: Family::new(
+                "mtplx_cache_misses_total",
+                "Generations that reused nothing, by reason.",
+                "reason",
+            ),
+            cached_tokens: AtomicU64::new(0),
         }
     }
 }
@@ -127,6 +144,14 @@ impl Metrics {
             self.prompt_rate.observe(r);
         }
         self.modes.add(s.mode.as_str(), 1);
+        self.cached_tokens
+            .fetch_add(s.cached_tokens as u64, Ordering::Relaxed);
+        if let Some(c) = &s.cache {
+            self.restores.add(c.mode.clone(), 1);
+            if let Some(reason) = &c.miss_reason {
+                self.misses.add(reason.clone(), 1);
+            }
+        }
         if let Some(spec) = &s.spec {
             let by_depth = spec
                 .stats
@@ -213,6 +238,13 @@ impl Metrics {
             "Prefill rate per generation.",
         );
         self.modes.render(&mut out);
+        self.restores.render(&mut out);
+        self.misses.render(&mut out);
+        let _ = writeln!(
+            out,
+            "# HELP mtplx_cached_tokens_total Prompt tokens restored instead of computed.\n# TYPE mtplx_cached_tokens_total counter\nmtplx_cached_tokens_total {}",
+            self.cached_tokens.load(Ordering::Relaxed)
+        );
         self.spec_drafted.render(&mut out);
         self.spec_accepted.render(&mut out);
         out
@@ -250,6 +282,15 @@ mod tests {
                     ..Default::default()
                 },
             }),
+            session: None,
+            cache: Some(crate::engine::CacheSummary {
+                mode: "clone".into(),
+                source: "ram".into(),
+                miss_reason: None,
+                fields: Vec::new(),
+                restore_s: 0.01,
+                committed: true,
+            }),
         });
         let text = m.render();
         assert!(text
@@ -263,5 +304,6 @@ mod tests {
         assert_eq!(m.generations("length"), 1);
         assert!(text.contains("mtplx_spec_accepted_tokens_total{depth=\"2\"} 1\n"));
         assert!(text.contains("mtplx_generation_mode_total{mode=\"mtp\"} 1\n"));
+        assert!(text.contains("mtplx_restores_total{mode=\"clone\"} 1\n"));
     }
 }

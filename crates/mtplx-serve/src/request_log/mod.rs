@@ -33,11 +33,31 @@ pub struct Record {
     pub prompt_tps: Option<f64>,
     pub decode_tok_s: Option<f64>,
     pub finish_reason: Option<&'static str>,
-    /// Where reused K/V came from: `none` until the session bank exists.
-    pub cache_source: &'static str,
-    /// `cold`: nothing reused.
-    pub session_restore_mode: &'static str,
-    pub cache_miss_reason: &'static str,
+    /// Where reused K/V came from: `ram`, `ssd` or `none`.
+    pub cache_source: String,
+    /// `cold` (nothing reused), `clone`, `ssd_clone`, `near_prefix_clone`, …
+    pub session_restore_mode: String,
+    /// Why nothing was reused (`new_session`, `prefix_divergence_at_token`, `ssd_*`, …).
+    pub cache_miss_reason: Option<String>,
+    /// Tokens restored from the SSD tier.
+    pub ssd_cached_tokens: Option<u64>,
+    /// Length of the stored entry that was served.
+    pub entry_prefix_len: Option<u64>,
+    /// Where the prompt left the nearest stored conversation.
+    pub prefix_divergence_token: Option<u64>,
+    /// Candidates considered and not served, `mode:reason` joined by `,`.
+    pub refused_candidates: Option<String>,
+    /// Seconds spent finding and building the restored cache.
+    pub restore_s: Option<f64>,
+    /// Where the session id came from (`header`, `user`, `prefix_match`, `anonymous`, …).
+    pub session_source: Option<&'static str>,
+    /// blake3 of the session id (ids are client text: never logged as such).
+    pub session_hash: Option<String>,
+    /// Whether the conversation was kept in the session bank afterwards.
+    pub bank_committed: Option<bool>,
+    /// For a 507: why, and when a retry could succeed.
+    pub refusal_reason: Option<&'static str>,
+    pub retry_when: Option<&'static str>,
     /// `mtp` (speculative) or `ar`.
     pub generation_mode: Option<&'static str>,
     /// The proposer that drafted (`lookup`, `mtp`), for speculative requests.
@@ -61,7 +81,7 @@ impl Record {
     /// A request that ended in the engine (status 200, or 499 when the client left).
     pub fn finished(request_id: &str, endpoint: &'static str, s: &Summary) -> Self {
         let cancelled = s.finish == crate::engine::Finish::Cancelled;
-        Record {
+        let mut r = Record {
             status: if cancelled { 499 } else { 200 },
             prompt_hash: Some(s.prompt_hash.clone()),
             prompt_tokens: s.prompt_tokens,
@@ -73,6 +93,11 @@ impl Record {
             decode_tok_s: s.decode_tok_s(),
             finish_reason: Some(s.finish.label()),
             generation_mode: Some(s.mode.as_str()),
+            session_source: s.session.as_ref().map(|(_, src)| *src),
+            session_hash: s
+                .session
+                .as_ref()
+                .map(|(id, _)| blake3::hash(id.as_bytes()).to_hex()[..16].to_string()),
             proposer: s.spec.as_ref().map(|p| p.proposer),
             drafted_by_depth: s
                 .spec
@@ -89,7 +114,40 @@ impl Record {
                 .filter(|p| p.stats.verify_calls > 0)
                 .map(|p| p.stats.mean_acceptance_length()),
             ..Record::failed(request_id, endpoint, 200, None)
+        };
+        if let Some(c) = &s.cache {
+            r.cache_source = c.source.clone();
+            r.session_restore_mode = c.mode.clone();
+            r.cache_miss_reason = c.miss_reason.clone();
+            r.restore_s = Some(c.restore_s);
+            r.bank_committed = Some(c.committed);
+            for (key, value) in &c.fields {
+                let num = match value {
+                    mtplx_bank::LogValue::Num(n) => Some(*n),
+                    mtplx_bank::LogValue::Str(_) => None,
+                };
+                match (*key, value) {
+                    ("ssd_cached_tokens", _) => r.ssd_cached_tokens = num,
+                    ("entry_prefix_len", _) => r.entry_prefix_len = num,
+                    ("prefix_divergence_token", _) => r.prefix_divergence_token = num,
+                    ("refused_candidates", mtplx_bank::LogValue::Str(v)) => {
+                        r.refused_candidates = Some(v.clone())
+                    }
+                    _ => {}
+                }
+            }
         }
+        r
+    }
+
+    /// A request refused or failed with `e`.
+    pub fn from_error(request_id: &str, endpoint: &'static str, e: &crate::ApiError) -> Self {
+        let mut r = Record::failed(request_id, endpoint, e.status.as_u16(), e.code);
+        if let Some(&(reason, when)) = e.refusal.as_deref() {
+            r.refusal_reason = Some(reason);
+            r.retry_when = Some(when);
+        }
+        r
     }
 
     /// A request that failed before or in the engine.
@@ -114,9 +172,19 @@ impl Record {
             prompt_tps: None,
             decode_tok_s: None,
             finish_reason: None,
-            cache_source: "none",
-            session_restore_mode: "cold",
-            cache_miss_reason: "new_session",
+            cache_source: "none".into(),
+            session_restore_mode: "cold".into(),
+            cache_miss_reason: None,
+            ssd_cached_tokens: None,
+            entry_prefix_len: None,
+            prefix_divergence_token: None,
+            refused_candidates: None,
+            restore_s: None,
+            session_source: None,
+            session_hash: None,
+            bank_committed: None,
+            refusal_reason: None,
+            retry_when: None,
             generation_mode: None,
             proposer: None,
             drafted_by_depth: Vec::new(),

@@ -74,7 +74,8 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             ignore_eos: false,
             extras: body.extras.clone(),
         },
-    )?;
+    )
+    .await?;
     let id = format!("msg_{}", ctx.id_suffix());
     let model = state.model_id().to_owned();
     if body.stream.unwrap_or(false) {

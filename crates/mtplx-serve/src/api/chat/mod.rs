@@ -81,7 +81,8 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             ignore_eos,
             extras,
         },
-    )?;
+    )
+    .await?;
     let id = format!("chatcmpl-{}", ctx.id_suffix());
     let model = state.model_id().to_owned();
     if streaming {

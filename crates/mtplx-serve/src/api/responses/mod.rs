@@ -132,7 +132,8 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             ignore_eos: false,
             extras: body.extras.clone(),
         },
-    )?;
+    )
+    .await?;
     let meta = Meta {
         id: format!("resp_{}", ctx.id_suffix()),
         created_at: unix_now(),

@@ -1,0 +1,139 @@
+//! Restore for a [`Job`]: the bank's lookup (RAM and SSD candidates ranked by the prompt
+//! tokens they cover, from metadata) and the winner built into a cache in the engine's
+//! layout, on a blocking thread so the engine keeps generating meanwhile. Candidates not
+//! served are released by the lookup itself, before the prefill.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use mtplx_bank::{LogValue, LookupQuery, RestoreMode, Source};
+use mtplx_kv::KvCache;
+use tower::{Layer, Service};
+
+use super::CacheTier;
+use crate::engine::Job;
+use crate::error::ApiError;
+
+/// What the cache path did for a job, for the engine, the request log and the metrics.
+#[derive(Default)]
+pub struct RestoreOutcome {
+    /// The restored cache (holding a prefix of the prompt), `None` to start empty.
+    pub cache: Option<Box<dyn KvCache>>,
+    /// `session_restore_mode`: `cold`, `clone`, `ssd_clone`, …
+    pub mode: String,
+    /// `cache_source`: `ram`, `ssd`, `none`.
+    pub source: String,
+    /// `cache_miss_reason`, for a miss or a failed restore.
+    pub miss_reason: Option<String>,
+    /// The rest of the explanation (`entry_prefix_len`, `refused_candidates`, …).
+    pub fields: Vec<(&'static str, LogValue)>,
+    pub restore_s: f64,
+}
+
+impl std::fmt::Debug for RestoreOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoreOutcome")
+            .field("cached", &self.cache.as_ref().map(|c| c.len()))
+            .field("mode", &self.mode)
+            .field("miss_reason", &self.miss_reason)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Looks up and restores `job`'s prompt (blocking: may read the SSD).
+pub fn restore(tier: &CacheTier, job: &Job) -> RestoreOutcome {
+    let start = Instant::now();
+    let plan = tier.bank().lookup(&LookupQuery {
+        identity: tier.identity(),
+        prompt: &job.prompt,
+        session: job.resolved.as_ref().map(|r| &r.id),
+        floor: 0,
+    });
+    let mut out = match plan.restore(tier.factory(), tier.shape()) {
+        Ok(restored) => {
+            let e = &restored.explanation;
+            let cached = e.cached_tokens;
+            RestoreOutcome {
+                mode: e.mode.to_string(),
+                source: e.source().as_str().to_string(),
+                miss_reason: e.miss.as_ref().map(|m| m.name()),
+                fields: e.log_fields(),
+                cache: (cached > 0).then_some(restored.cache),
+                restore_s: 0.0,
+            }
+        }
+        // A stored state that can't be built here (another shape: a bug, not bad input)
+        // is a miss with a reason; the prompt is computed cold.
+        Err(e) => {
+            tracing::warn!("restore failed, computing cold: {e}");
+            RestoreOutcome {
+                mode: RestoreMode::Cold.to_string(),
+                source: Source::None.as_str().to_string(),
+                miss_reason: Some("restore_error".into()),
+                ..RestoreOutcome::default()
+            }
+        }
+    };
+    out.restore_s = start.elapsed().as_secs_f64();
+    out
+}
+
+#[derive(Debug, Clone)]
+pub struct RestoreLayer {
+    tier: CacheTier,
+}
+
+impl RestoreLayer {
+    pub fn new(tier: CacheTier) -> Self {
+        RestoreLayer { tier }
+    }
+}
+
+impl<S> Layer<S> for RestoreLayer {
+    type Service = RestoreStage<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RestoreStage {
+            tier: self.tier.clone(),
+            inner,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RestoreStage<S> {
+    tier: CacheTier,
+    inner: S,
+}
+
+impl<S> Service<Job> for RestoreStage<S>
+where
+    S: Service<Job, Error = ApiError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = S::Response;
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, ApiError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, job: Job) -> Self::Future {
+        let tier = self.tier.clone();
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (mut job, outcome) = tokio::task::spawn_blocking(move || {
+                let outcome = restore(&tier, &job);
+                (job, outcome)
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("restore failed: {e}")))?;
+            job.restore = Some(outcome);
+            inner.call(job).await
+        })
+    }
+}
