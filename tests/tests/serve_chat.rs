@@ -158,3 +158,62 @@ async fn tools_are_accepted_and_plain_answers_stay_content() {
         "{v}"
     );
 }
+
+fn weather_request(choice: Value, stream: bool) -> Value {
+    let mut req = greedy_chat("What is the weather like in Paris today?", 40);
+    req["tools"] = json!([{
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather for a city",
+                     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    }, {
+        "type": "function",
+        "function": {"name": "get_time", "description": "The time in a city",
+                     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    }]);
+    req["tool_choice"] = choice;
+    req["stream"] = json!(stream);
+    req
+}
+
+#[tokio::test]
+async fn a_named_tool_choice_forces_a_call_to_that_function() {
+    let state = state();
+    let choice = json!({"type": "function", "function": {"name": "get_time"}});
+    let r = call(
+        &state,
+        post_json(CHAT, &weather_request(choice.clone(), false)),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let call0 = &c["message"]["tool_calls"][0]["function"];
+    assert_eq!(call0["name"], "get_time", "{v}");
+    let args: Value = serde_json::from_str(call0["arguments"].as_str().unwrap()).unwrap();
+    assert!(args.is_object(), "{v}");
+
+    // Streamed, the same call arrives as a tool_calls delta.
+    let s = call(&state, post_json(CHAT, &weather_request(choice, true))).await;
+    let events = s.sse_data();
+    let streamed: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(streamed.len(), 1, "{}", s.text());
+    assert_eq!(streamed[0]["function"]["name"], "get_time");
+    assert_eq!(streamed[0]["function"]["arguments"], call0["arguments"]);
+
+    // `required` with one tool calls it; unknown names are refused.
+    let mut one = weather_request(json!("required"), false);
+    one["tools"].as_array_mut().unwrap().truncate(1);
+    let v = call(&state, post_json(CHAT, &one)).await.json();
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather",
+        "{v}"
+    );
+    let bad = json!({"type": "function", "function": {"name": "launch"}});
+    let r = call(&state, post_json(CHAT, &weather_request(bad, false))).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "tool_choice");
+}

@@ -18,6 +18,8 @@ pub struct Conversation {
     /// OpenAI-style tool definitions (`{"type": "function", "function": {...}}`).
     pub tools: Option<Vec<Value>>,
     pub template_kwargs: Map<String, Value>,
+    /// Text the server writes at the start of the assistant's turn (a forced tool call).
+    pub assistant_prefix: String,
 }
 
 /// The prompt ids of `conv`, ending with the header of an assistant turn.
@@ -49,9 +51,10 @@ pub fn encode_chat(state: &AppState, conv: Conversation) -> Result<Vec<u32>, Api
         add_generation_prompt: true,
         template_kwargs: conv.template_kwargs,
     };
-    let text = template.render(&req).map_err(|e| {
+    let mut text = template.render(&req).map_err(|e| {
         ApiError::bad_request(format!("The chat template rejected the conversation: {e}"))
     })?;
+    text.push_str(&conv.assistant_prefix);
     encode(state, &text)
 }
 

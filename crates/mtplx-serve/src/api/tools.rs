@@ -7,6 +7,8 @@
 
 use serde_json::Value;
 
+use crate::error::ApiError;
+
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";
 
@@ -240,5 +242,195 @@ mod tests {
         assert_eq!(p.push("y"), [Piece::Text(" <toy".into())]);
         assert_eq!(p.push(" \n"), []);
         assert_eq!(p.finish(), [Piece::Text(" \n".into())]);
+    }
+}
+
+/// What a request's `tool_choice` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (the default).
+    Auto,
+    /// No tools: the template doesn't see them.
+    None,
+    /// The model must call one of these tools (several: the model writes the name, and a
+    /// name that is not among them leaves the text unparsed; there is no constrained
+    /// decoding yet).
+    Required(Vec<String>),
+    /// The model must call this function.
+    Named(String),
+}
+
+impl ToolChoice {
+    /// Reads OpenAI's `tool_choice` (`"auto"`, `"none"`, `"required"`, or
+    /// `{"type": "function", "function": {"name": ...}}`) against the request's tools:
+    /// `required` without tools, or a name no tool has, is a 400.
+    pub fn parse(value: Option<&Value>, tools: Option<&[Value]>) -> Result<Self, ApiError> {
+        let names: Vec<&str> = tools
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|t| {
+                t.get("function")
+                    .and_then(|f| f.get("name"))
+                    .or_else(|| t.get("name"))
+                    .and_then(Value::as_str)
+            })
+            .collect();
+        let choice = match value {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "required" | "any" => {
+                    ToolChoice::Required(names.iter().map(|n| n.to_string()).collect())
+                }
+                other => {
+                    return Err(ApiError::invalid_param(
+                        "tool_choice",
+                        format!(
+                        "`tool_choice` must be auto, none, required or a function, got {other:?}."
+                    ),
+                    ))
+                }
+            },
+            Some(v) => {
+                let name = v
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .or_else(|| v.get("name"))
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ApiError::invalid_param(
+                            "tool_choice",
+                            "`tool_choice` must name a function: {\"type\": \"function\", \"function\": {\"name\": ...}}.",
+                        )
+                    })?;
+                ToolChoice::Named(name.to_owned())
+            }
+        };
+        match &choice {
+            ToolChoice::Required(names) if names.is_empty() => Err(ApiError::invalid_param(
+                "tool_choice",
+                "`tool_choice: required` needs at least one tool in `tools`.",
+            )),
+            // With one tool, `required` names it.
+            ToolChoice::Required(names) if names.len() == 1 => {
+                Ok(ToolChoice::Named(names[0].clone()))
+            }
+            ToolChoice::Named(n) if !names.contains(&n.as_str()) => Err(ApiError::invalid_param(
+                "tool_choice",
+                format!("`tool_choice` names `{n}`, which is not among the request's tools."),
+            )),
+            _ => Ok(choice),
+        }
+    }
+
+    /// The start of the assistant's turn the server writes itself to force a call: the
+    /// model continues from it, and the parser reads it as part of the output.
+    pub fn forced_prefix(&self) -> String {
+        match self {
+            ToolChoice::Auto | ToolChoice::None => String::new(),
+            ToolChoice::Required(_) => format!("{OPEN}\n{{\"name\": \""),
+            ToolChoice::Named(name) => {
+                let name = serde_json::to_string(name).unwrap_or_default();
+                format!("{OPEN}\n{{\"name\": {name}, \"arguments\": ")
+            }
+        }
+    }
+}
+
+impl ToolChoice {
+    /// Whether the server writes the start of a call itself.
+    pub fn forces_a_call(&self) -> bool {
+        matches!(self, ToolChoice::Required(_) | ToolChoice::Named(_))
+    }
+
+    /// The forced call in `generated` (the model's text after [`forced_prefix`]): the
+    /// server wrote the call's opening, so it reads the rest by structure (a name for
+    /// `required`, then the first complete JSON object as the arguments) and closes the
+    /// call itself, whatever a small model writes after the arguments. `None` when the
+    /// model never completed an arguments object.
+    ///
+    /// [`forced_prefix`]: ToolChoice::forced_prefix
+    pub fn forced_call(&self, generated: &str) -> Option<ParsedCall> {
+        let (name, rest) = match self {
+            ToolChoice::Named(name) => (name.clone(), generated),
+            ToolChoice::Required(names) => {
+                let end = generated.find('"')?;
+                let name = generated[..end].to_owned();
+                if !names.contains(&name) {
+                    return None;
+                }
+                let after = &generated[end + 1..];
+                let args_at = after.find("\"arguments\"")? + "\"arguments\"".len();
+                let colon = after[args_at..].find(':')? + args_at + 1;
+                (name, &after[colon..])
+            }
+            ToolChoice::Auto | ToolChoice::None => return None,
+        };
+        let mut values = serde_json::Deserializer::from_str(rest.trim_start()).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(args @ Value::Object(_))) if !name.is_empty() => Some(ParsedCall {
+                name,
+                arguments: args.to_string(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod choice_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_choice_is_checked_against_the_tools() {
+        let tools = [json!({"type": "function", "function": {"name": "get_weather"}})];
+        let parse = |v: Value| ToolChoice::parse(Some(&v), Some(&tools));
+        assert_eq!(parse(json!("auto")).unwrap(), ToolChoice::Auto);
+        assert_eq!(
+            parse(json!("required")).unwrap(),
+            ToolChoice::Named("get_weather".into()),
+            "one tool: required names it"
+        );
+        let named = parse(json!({"type": "function", "function": {"name": "get_weather"}}));
+        assert_eq!(named.unwrap(), ToolChoice::Named("get_weather".into()));
+        assert!(parse(json!({"type": "function", "function": {"name": "nope"}})).is_err());
+        assert!(parse(json!("sometimes")).is_err());
+        assert!(ToolChoice::parse(Some(&json!("required")), None).is_err());
+        let prefix = ToolChoice::Named("get_weather".into()).forced_prefix();
+        // A forced call with its arguments parses as a call to that function.
+        let (content, calls) = parse_all(&format!("{prefix}{{\"city\": \"Paris\"}}}}\n{CLOSE}"));
+        assert_eq!(content, None);
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, "{\"city\":\"Paris\"}");
+    }
+
+    #[test]
+    fn forced_calls_are_read_by_structure() {
+        let named = ToolChoice::Named("get_time".into());
+        // The model's arguments object, then no closing brace for the call, then chatter.
+        let call = named
+            .forced_call("\n{\"city\": \"Paris\"}\n</tool_call>\n\nIt is noon.")
+            .unwrap();
+        assert_eq!(call.name, "get_time");
+        assert_eq!(call.arguments, "{\"city\":\"Paris\"}");
+        assert_eq!(named.forced_call("\"Paris\""), None);
+        assert_eq!(named.forced_call("{\"city\": \"Par"), None);
+        let any = ToolChoice::Required(vec!["get_time".into(), "get_weather".into()]);
+        let call = any
+            .forced_call("get_weather\", \"arguments\": {\"city\": \"Oslo\"}}")
+            .unwrap();
+        assert_eq!(
+            (call.name.as_str(), call.arguments.as_str()),
+            ("get_weather", "{\"city\":\"Oslo\"}")
+        );
+        assert_eq!(any.forced_call("get_weather"), None);
+        assert_eq!(
+            any.forced_call("Paris\", \"arguments\": {}}"),
+            None,
+            "not a tool"
+        );
+        assert_eq!(ToolChoice::Auto.forced_call("{}"), None);
     }
 }

@@ -153,6 +153,7 @@ impl MessagesRequest {
             messages,
             tools: self.openai_tools(),
             template_kwargs: Default::default(),
+            assistant_prefix: String::new(),
         })
     }
 }

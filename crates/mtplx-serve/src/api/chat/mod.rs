@@ -11,7 +11,7 @@ use self::wire::ChatCompletionRequest;
 use super::generate::{self, Generation};
 use super::params::{stop_strings, token_limit};
 use super::prompt::{self, Conversation};
-use super::tools::{parse_all, ParsedCall};
+use super::tools::{parse_all, ParsedCall, ToolChoice};
 use super::{check_model, json_response, openai_usage, read_json, sse, unix_now, RequestCtx};
 use crate::body::Body;
 use crate::engine::Finish;
@@ -44,7 +44,9 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         Some(n) => Some(n),
         None => token_limit("max_tokens", body.max_tokens)?,
     };
+    let choice = ToolChoice::parse(body.tool_choice.as_ref(), body.tools.as_deref())?;
     let tools = body.active_tools();
+    let forced = choice.forced_prefix();
     let streaming = body.stream.unwrap_or(false);
     let include_usage = body
         .stream_options
@@ -52,7 +54,11 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let ignore_eos = body.ignore_eos.unwrap_or(false);
-    let stop = stop_strings(body.stop.clone());
+    let mut stop = stop_strings(body.stop.clone());
+    if choice.forces_a_call() {
+        // The call is read by structure; nothing after it is wanted.
+        stop.push(super::tools::CLOSE.to_owned());
+    }
     let extras = body.extras.clone();
     let template_kwargs = body.chat_template_kwargs.clone().unwrap_or_default();
     let messages = body
@@ -67,6 +73,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
             messages,
             tools,
             template_kwargs,
+            assistant_prefix: forced.clone(),
         },
     )?;
     let events = generate::submit(
@@ -86,11 +93,14 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
     let id = format!("chatcmpl-{}", ctx.id_suffix());
     let model = state.model_id().to_owned();
     if streaming {
-        let encoder = ChatStream::new(id, model, has_tools, include_usage);
+        let encoder = ChatStream::new(id, model, has_tools, include_usage, choice);
         return Ok(sse::response(events, encoder));
     }
     let done = generate::collect(events).await?;
-    let (message, finish) = assistant_message(done.text, has_tools, &done.summary.finish);
+    let (message, finish) = match forced_message(&choice, &done.text) {
+        Some(m) => (m, "tool_calls"),
+        None => assistant_message(forced + &done.text, has_tools, &done.summary.finish),
+    };
     Ok(json_response(&json!({
         "id": id,
         "object": "chat.completion",
@@ -121,6 +131,17 @@ pub fn assistant_message(text: String, has_tools: bool, finish: &Finish) -> (Val
     }
     message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
     (message, "tool_calls")
+}
+
+/// The assistant message of a forced call (`tool_choice` required or named), `None` when
+/// the model did not complete the call's arguments (the text is then parsed as usual).
+pub fn forced_message(choice: &ToolChoice, generated: &str) -> Option<Value> {
+    let call = choice.forced_call(generated)?;
+    Some(json!({
+        "role": "assistant",
+        "content": null,
+        "tool_calls": [tool_call_json(&call)],
+    }))
 }
 
 /// An OpenAI `tool_calls` entry with a fresh id.

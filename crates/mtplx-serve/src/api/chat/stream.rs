@@ -4,7 +4,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::api::sse::{data, done_marker, SseEncoder};
-use crate::api::tools::{Piece, ToolCallParser};
+use crate::api::tools::{Piece, ToolCallParser, ToolChoice};
 use crate::api::{openai_usage, unix_now};
 use crate::engine::Summary;
 use crate::error::ApiError;
@@ -16,16 +16,26 @@ pub struct ChatStream {
     include_usage: bool,
     /// Present when the request had tools: calls are parsed out of the text.
     tools: Option<ToolCallParser>,
+    /// A forced call (`tool_choice` required or named): the text is held and read by
+    /// structure at the end.
+    forced: Option<(ToolChoice, String)>,
 }
 
 impl ChatStream {
-    pub fn new(id: String, model: String, tools: bool, include_usage: bool) -> Self {
+    pub fn new(
+        id: String,
+        model: String,
+        tools: bool,
+        include_usage: bool,
+        choice: ToolChoice,
+    ) -> Self {
         ChatStream {
             id,
             model,
             created: unix_now(),
             include_usage,
             tools: tools.then(ToolCallParser::new),
+            forced: choice.forces_a_call().then(|| (choice, String::new())),
         }
     }
 
@@ -67,6 +77,10 @@ impl SseEncoder for ChatStream {
     }
 
     fn text(&mut self, text: String) -> Vec<Bytes> {
+        if let Some((_, held)) = self.forced.as_mut() {
+            held.push_str(&text);
+            return Vec::new();
+        }
         match self.tools.as_mut() {
             None => vec![self.chunk(json!({ "content": text }), None)],
             Some(parser) => {
@@ -80,11 +94,24 @@ impl SseEncoder for ChatStream {
     fn done(&mut self, summary: Summary) -> Vec<Bytes> {
         let mut out = Vec::new();
         let mut calls = 0;
+        if let Some((choice, held)) = self.forced.take() {
+            match choice.forced_call(&held) {
+                Some(call) => {
+                    calls = 1;
+                    out = self.pieces(vec![Piece::Call(call)], 0);
+                }
+                // Not completed: what the model wrote goes through the usual parser.
+                None => {
+                    let text = choice.forced_prefix() + &held;
+                    out = self.text(text);
+                }
+            }
+        }
         if let Some(parser) = self.tools.as_mut() {
             let before = parser.calls();
             let pieces = parser.finish();
-            calls = parser.calls();
-            out = self.pieces(pieces, before);
+            calls = calls.max(parser.calls());
+            out.extend(self.pieces(pieces, before));
         }
         let finish = if calls > 0 {
             "tool_calls"
@@ -124,7 +151,7 @@ mod tests {
 
     #[test]
     fn tool_calls_stream_as_tool_call_deltas() {
-        let mut enc = ChatStream::new("id".into(), "m".into(), true, true);
+        let mut enc = ChatStream::new("id".into(), "m".into(), true, true, ToolChoice::Auto);
         let mut frames = enc.open();
         for piece in [
             "Sure. <tool",
@@ -160,7 +187,7 @@ mod tests {
 
     #[test]
     fn without_tools_the_markup_is_plain_content() {
-        let mut enc = ChatStream::new("id".into(), "m".into(), false, false);
+        let mut enc = ChatStream::new("id".into(), "m".into(), false, false, ToolChoice::Auto);
         let frames = enc.text("<tool_call>{}</tool_call>".into());
         assert_eq!(
             decode(&frames)[0]["choices"][0]["delta"]["content"],

@@ -134,6 +134,7 @@ impl ResponsesRequest {
             messages,
             tools: self.openai_tools()?,
             template_kwargs: Default::default(),
+            assistant_prefix: String::new(),
         })
     }
 }
