@@ -51,6 +51,20 @@ async fn dropping_a_stream_stops_the_engine_within_a_step() {
         "{steps} decode steps after reading {read} tokens"
     );
     assert_eq!(metrics.generations("length"), 0);
+    // What was computed before the client left is kept for the conversation.
+    let sessions = state.tier().bank().sessions();
+    assert_eq!(sessions.len(), 1, "the cancelled turn was not committed");
+    let prompt = state
+        .bundle()
+        .tokenizer
+        .encode("Write a long story about a dragon.", false)
+        .unwrap()
+        .len();
+    assert!(
+        sessions[0].longest_tokens > prompt + read,
+        "committed {} tokens",
+        sessions[0].longest_tokens
+    );
 }
 
 #[tokio::test]
