@@ -3,7 +3,7 @@
 //! tested alone; [`Pipeline`] stacks them around the [`Engine`](crate::engine::Engine):
 //!
 //! ```text
-//! handler ─ Job ─▶ SessionStage ─▶ AdmissionStage ─▶ RestoreStage ─▶ Engine ─▶ events
+//! handler ─ Job ─▶ SessionStep ─▶ AdmissionStep ─▶ RestoreStep ─▶ Engine ─▶ events
 //! ```
 //!
 //! - [`session`]: names the conversation (header, body, longest prefix match, or a new
@@ -22,6 +22,7 @@ pub mod admission;
 pub mod locks;
 pub mod restore;
 pub mod session;
+pub mod stage;
 pub mod tier;
 
 pub use tier::{CacheTier, SsdMode, TierConfig};
@@ -39,9 +40,9 @@ pub type Pipeline = BoxCloneSyncService<Job, EngineReply, ApiError>;
 pub fn pipeline(tier: &CacheTier, engine: Engine) -> Pipeline {
     BoxCloneSyncService::new(
         ServiceBuilder::new()
-            .layer(session::SessionLayer::new(tier.clone()))
-            .layer(admission::AdmissionLayer::new(tier.clone()))
-            .layer(restore::RestoreLayer::new(tier.clone()))
+            .layer(session::SessionStep::layer(tier.clone()))
+            .layer(admission::AdmissionStep::layer(tier.clone()))
+            .layer(restore::RestoreStep::layer(tier.clone()))
             .service(engine),
     )
 }

@@ -3,15 +3,12 @@
 //! layout, on a blocking thread so the engine keeps generating meanwhile. Candidates not
 //! served are released by the lookup itself, before the prefill.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use mtplx_bank::{LogValue, LookupQuery, RestoreMode, Source};
 use mtplx_kv::KvCache;
-use tower::{Layer, Service};
 
+use super::stage::{Step, StepLayer};
 use super::CacheTier;
 use crate::engine::Job;
 use crate::error::ApiError;
@@ -80,60 +77,31 @@ pub fn restore(tier: &CacheTier, job: &Job) -> RestoreOutcome {
     out
 }
 
+/// Restores the job's cache from the bank (or the SSD tier behind it).
 #[derive(Debug, Clone)]
-pub struct RestoreLayer {
+pub struct RestoreStep {
     tier: CacheTier,
 }
 
-impl RestoreLayer {
-    pub fn new(tier: CacheTier) -> Self {
-        RestoreLayer { tier }
+/// The restore stage as a layer.
+pub type RestoreLayer = StepLayer<RestoreStep>;
+
+impl RestoreStep {
+    pub fn layer(tier: CacheTier) -> RestoreLayer {
+        StepLayer::new(RestoreStep { tier })
     }
 }
 
-impl<S> Layer<S> for RestoreLayer {
-    type Service = RestoreStage<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RestoreStage {
-            tier: self.tier.clone(),
-            inner,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct RestoreStage<S> {
-    tier: CacheTier,
-    inner: S,
-}
-
-impl<S> Service<Job> for RestoreStage<S>
-where
-    S: Service<Job, Error = ApiError> + Clone + Send + 'static,
-    S::Future: Send,
-{
-    type Response = S::Response;
-    type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, ApiError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, job: Job) -> Self::Future {
+impl Step for RestoreStep {
+    async fn prepare(&self, job: Job) -> Result<Job, ApiError> {
         let tier = self.tier.clone();
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let (mut job, outcome) = tokio::task::spawn_blocking(move || {
-                let outcome = restore(&tier, &job);
-                (job, outcome)
-            })
-            .await
-            .map_err(|e| ApiError::internal(format!("restore failed: {e}")))?;
-            job.restore = Some(outcome);
-            inner.call(job).await
+        let (mut job, outcome) = tokio::task::spawn_blocking(move || {
+            let outcome = restore(&tier, &job);
+            (job, outcome)
         })
+        .await
+        .map_err(|e| ApiError::internal(format!("restore failed: {e}")))?;
+        job.restore = Some(outcome);
+        Ok(job)
     }
 }

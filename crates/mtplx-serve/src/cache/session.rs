@@ -2,16 +2,13 @@
 //! whose stored conversation the prompt continues (longest token prefix), else a new
 //! `anon-…` id. Then waits for that session's lock: one job per session at a time.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use mtplx_bank::SessionId;
-use tower::{Layer, Service};
 
 use super::locks::SessionGuard;
+use super::stage::{Step, StepLayer};
 use super::CacheTier;
 use crate::engine::Job;
+use crate::error::ApiError;
 use crate::layers::session::SessionSource;
 
 /// The session a job runs under, and its turn.
@@ -37,57 +34,26 @@ pub fn resolve(tier: &CacheTier, job: &Job) -> (SessionId, SessionSource) {
     }
 }
 
+/// Names the session and waits for its turn.
 #[derive(Debug, Clone)]
-pub struct SessionLayer {
+pub struct SessionStep {
     tier: CacheTier,
 }
 
-impl SessionLayer {
-    pub fn new(tier: CacheTier) -> Self {
-        SessionLayer { tier }
+/// The session stage as a layer.
+pub type SessionLayer = StepLayer<SessionStep>;
+
+impl SessionStep {
+    pub fn layer(tier: CacheTier) -> SessionLayer {
+        StepLayer::new(SessionStep { tier })
     }
 }
 
-impl<S> Layer<S> for SessionLayer {
-    type Service = SessionStage<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        SessionStage {
-            tier: self.tier.clone(),
-            inner,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SessionStage<S> {
-    tier: CacheTier,
-    inner: S,
-}
-
-impl<S> Service<Job> for SessionStage<S>
-where
-    S: Service<Job> + Clone + Send + 'static,
-    S::Future: Send,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut job: Job) -> Self::Future {
-        let tier = self.tier.clone();
-        // The inner service was made ready for this call; take it and leave a fresh clone.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let (id, source) = resolve(&tier, &job);
-            let guard = tier.locks().acquire(&id).await;
-            job.resolved = Some(Resolved { id, source, guard });
-            inner.call(job).await
-        })
+impl Step for SessionStep {
+    async fn prepare(&self, mut job: Job) -> Result<Job, ApiError> {
+        let (id, source) = resolve(&self.tier, &job);
+        let guard = self.tier.locks().acquire(&id).await;
+        job.resolved = Some(Resolved { id, source, guard });
+        Ok(job)
     }
 }

@@ -39,6 +39,8 @@ pub struct TierConfig {
     pub ssd_dir: PathBuf,
     /// `None`: the cold tier's default for this machine's RAM.
     pub ssd_max_bytes: Option<u64>,
+    /// `None`: the cold tier's default (no writes below 10 GiB of free disk).
+    pub ssd_free_disk_floor: Option<u64>,
     /// Prompt tokens per prefill pass (for the activation estimate).
     pub prefill_chunk_tokens: usize,
     /// Part of the identity: states computed under other weights are never reused.
@@ -56,6 +58,7 @@ impl TierConfig {
             ssd: SsdMode::On,
             ssd_dir: mtplx_model::store::mtplx_home().join("session-bank"),
             ssd_max_bytes: None,
+            ssd_free_disk_floor: None,
             prefill_chunk_tokens: 512,
             weights_label: "default".into(),
         }
@@ -94,6 +97,9 @@ impl CacheTier {
                 let mut cc = ColdConfig::detect();
                 if let Some(max) = config.ssd_max_bytes {
                     cc.cap_bytes = max;
+                }
+                if let Some(floor) = config.ssd_free_disk_floor {
+                    cc.free_disk_floor = floor;
                 }
                 let store = ColdStore::open_dir(&config.ssd_dir, cc).map_err(|e| {
                     format!("SSD session cache at {}: {e}", config.ssd_dir.display())
