@@ -4,6 +4,7 @@
 //! - `test`: fetch the model, then run the whole test suite (what CI runs).
 //! - `bench`: run the criterion benches and print the figures side by side.
 //! - `cold-bench`: the SSD tier's restore, write and overhead figures (`cold_bench.rs`).
+//! - `train-mtp`: train the default model's MTP head (`train_mtp.rs`).
 
 use std::process::Command;
 
@@ -12,6 +13,8 @@ use clap::{Parser, Subcommand};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 
 mod cold_bench;
+mod train_mtp;
+
 #[derive(Parser)]
 #[command(name = "xtask", about = "mtplx project tasks")]
 struct Cli {
@@ -23,6 +26,8 @@ struct Cli {
 enum Task {
     /// The SSD tier's restore-vs-raw-read, write and overhead figures.
     ColdBench(cold_bench::ColdBenchArgs),
+    /// Train the MTP head of the default model by self-distillation (trunk frozen, CPU).
+    TrainMtp(train_mtp::TrainArgs),
     /// Fetch and verify the default model into $MTPLX_HOME/models.
     FetchModel,
     /// Fetch the default model, then run every test of the workspace.
@@ -65,6 +70,7 @@ fn cargo(args: &[&str], extra: &[String], envs: &[(&str, String)]) -> Result<()>
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::ColdBench(args) => cold_bench::run(&args)?,
+        Task::TrainMtp(args) => train_mtp::run(&fetch_model()?, &args)?,
         Task::FetchModel => {
             fetch_model()?;
         }

@@ -26,6 +26,7 @@ mod error;
 mod generate;
 pub mod kernels;
 mod model;
+pub mod mtp;
 pub mod ops;
 pub mod sampling;
 pub mod source;

@@ -1,16 +1,23 @@
-//! Decode speed of plain decoding against speculation (prompt lookup at depths 2-4), side
-//! by side in one run, on a chat turn and on a code-editing turn (a file in the context,
-//! the answer rewrites part of it). Greedy, the default model, 2 threads.
+//! Decode speed of plain decoding against speculation, side by side in one run: the MTP
+//! head (`models/mtp/`) at depths 1-3, prompt lookup at depth 3, and prompt lookup falling
+//! back to the MTP head (depth 3), on a chat turn and on a code-editing turn (a file in the
+//! context, the answer rewrites part of it). Greedy, the default model, 2 threads. Before
+//! the timings, one run of each prints its acceptance by depth.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use mtplx_kv::CacheFactory;
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
+use mtplx_model::mtp::{MtpHead, Vocab};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, Generator, LanguageModel, WeightFormat};
-use mtplx_spec::{generate, DepthPolicy, PromptLookup, SpecDecoder};
+use mtplx_model::{Bundle, Generator, LanguageModel, Want, WeightFormat};
+use mtplx_spec::{
+    generate, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptLookup, Proposer,
+    SpecDecoder, SpecStats, TrunkRows,
+};
 
 const NEW_TOKENS: usize = 48;
 
@@ -40,6 +47,14 @@ fn bench(c: &mut Criterion) {
     let b = Bundle::load(&path, WeightFormat::F32).expect("default model");
     let model = &b.model;
     let shape = model.config().kv_shape();
+    let head_path = std::env::var_os("MTPLX_MTP_HEAD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/mtp/smollm2-135m-mtp.safetensors")
+        });
+    let head = Arc::new(MtpHead::load(&head_path, model, Vocab::FromFile).expect("MTP head"));
+    let factory = CacheFactory::contiguous();
     for (name, text) in [
         ("chat", "Write a short paragraph about why the sky is blue."),
         ("code_edit", CODE),
@@ -58,28 +73,80 @@ fn bench(c: &mut Criterion) {
                 .restore(&*snapshot, ids.len() - 1)
                 .unwrap()
         };
-        g.bench_function("plain", |bench| {
-            bench.iter(|| {
-                let mut cache = fresh();
-                let mut gen =
-                    Generator::new(model, cache.as_mut(), &ids, Sampler::greedy(), 512).unwrap();
-                for _ in 0..NEW_TOKENS {
-                    gen.step().unwrap();
-                }
+        // The head observes the prompt once (as the prefill would show it); each iteration
+        // drafts from a fork.
+        let mut prompt_cache = CacheFactory::contiguous().new_cache(shape);
+        let rows = model
+            .forward(&ids[..ids.len() - 1], prompt_cache.as_mut(), Want::All)
+            .unwrap();
+        let mut observed = MtpProposer::new(model, head.clone(), &factory, DraftSampling::Greedy);
+        observed
+            .observe(&TrunkRows {
+                pos: 0,
+                hidden: &rows.hidden,
+                next: &ids[1..],
             })
-        });
-        for depth in [2, 3, 4] {
-            g.bench_function(BenchmarkId::new("lookup", depth), |bench| {
-                bench.iter(|| {
-                    let mut cache = fresh();
-                    let mut d =
-                        SpecDecoder::new(model, cache.as_mut(), &ids, Sampler::greedy(), 512)
-                            .unwrap();
-                    let mut lookup = PromptLookup::default();
-                    let mut policy = DepthPolicy::fixed(depth);
-                    generate(&mut d, &mut lookup, &mut policy, NEW_TOKENS, &|_| false).unwrap();
-                    d.stats.mean_acceptance_length()
-                })
+            .unwrap();
+        let plain = || {
+            let mut cache = fresh();
+            let mut gen =
+                Generator::new(model, cache.as_mut(), &ids, Sampler::greedy(), 512).unwrap();
+            for _ in 0..NEW_TOKENS {
+                gen.step().unwrap();
+            }
+        };
+        let speculate = |kind: &str, depth: usize| -> SpecStats {
+            let mut cache = fresh();
+            let mut d =
+                SpecDecoder::new(model, cache.as_mut(), &ids, Sampler::greedy(), 512).unwrap();
+            let mut proposer: Box<dyn Proposer + '_> = match kind {
+                "mtp" => Box::new(observed.fork()),
+                "lookup" => Box::new(PromptLookup::default()),
+                _ => Box::new(LookupThenMtp {
+                    lookup: PromptLookup::default(),
+                    mtp: observed.fork(),
+                    min_lookup: 2,
+                }),
+            };
+            let mut policy = DepthPolicy::fixed(depth);
+            generate(&mut d, proposer.as_mut(), &mut policy, NEW_TOKENS, &|_| {
+                false
+            })
+            .unwrap();
+            d.stats.clone()
+        };
+        let runs = [
+            ("mtp", 1),
+            ("mtp", 2),
+            ("mtp", 3),
+            ("lookup", 3),
+            ("lookup+mtp", 3),
+        ];
+        // One untimed-by-criterion pass: acceptance by depth and a rough speed-up.
+        let t = Instant::now();
+        plain();
+        let plain_secs = t.elapsed().as_secs_f64();
+        for (kind, depth) in runs {
+            let t = Instant::now();
+            let stats = speculate(kind, depth);
+            let rate: Vec<String> = stats
+                .drafted_by_depth
+                .iter()
+                .zip(&stats.accepted_by_depth)
+                .map(|(d, a)| format!("{:.2}", *a as f64 / (*d).max(1) as f64))
+                .collect();
+            eprintln!(
+                "[{name}] {kind}/{depth}: acceptance by depth [{}], mean accepted length {:.2}, \
+                 {:.2}x plain (single run)",
+                rate.join(", "),
+                stats.mean_acceptance_length(),
+                plain_secs / t.elapsed().as_secs_f64()
+            );
+        }
+        g.bench_function("plain", |bench| bench.iter(plain));
+        for (kind, depth) in runs {
+            g.bench_function(BenchmarkId::new(kind, depth), |bench| {
+                bench.iter(|| speculate(kind, depth).mean_acceptance_length())
             });
         }
         g.finish();

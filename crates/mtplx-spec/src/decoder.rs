@@ -4,11 +4,11 @@ use std::time::Instant;
 
 use mtplx_kv::KvCache;
 use mtplx_model::sampling::{Distribution, Sampler, Target};
-use mtplx_model::{prefill, LanguageModel, ModelError, Want};
+use mtplx_model::{prefill, ForwardOutput, LanguageModel, ModelError, Want};
 
 use crate::error::Result;
 use crate::policy::DepthPolicy;
-use crate::proposer::{Draft, DraftContext, Proposer};
+use crate::proposer::{Draft, DraftContext, Proposer, TrunkRows};
 use crate::stats::SpecStats;
 
 /// A generation in progress with speculation.
@@ -29,7 +29,21 @@ pub struct SpecDecoder<'a> {
     sampler: Sampler,
     prompt_len: usize,
     tokens: Vec<u32>,
+    /// Trunk hidden rows not yet shown to the proposer: `(first position, [n, hidden])`,
+    /// for positions whose next token is in `tokens`.
+    unseen: Option<(usize, Vec<f32>)>,
     pub stats: SpecStats,
+}
+
+/// Which trunk hidden states of the prompt the prefill keeps for the proposer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PromptHidden {
+    /// The last row only (what sampling needs anyway): an MTP head starts at the answer.
+    #[default]
+    Last,
+    /// Every prefilled row, so an MTP head attends over the prompt. Costs the output head
+    /// on every prompt row.
+    All,
 }
 
 impl<'a> SpecDecoder<'a> {
@@ -38,16 +52,42 @@ impl<'a> SpecDecoder<'a> {
         model: &'a dyn LanguageModel,
         cache: &'a mut dyn KvCache,
         prompt: &[u32],
+        sampler: Sampler,
+        chunk: usize,
+    ) -> Result<Self> {
+        Self::with_prompt_hidden(model, cache, prompt, sampler, chunk, PromptHidden::Last)
+    }
+
+    /// [`SpecDecoder::new`], keeping the prompt's trunk hidden states as `hidden` says.
+    pub fn with_prompt_hidden(
+        model: &'a dyn LanguageModel,
+        cache: &'a mut dyn KvCache,
+        prompt: &[u32],
         mut sampler: Sampler,
         chunk: usize,
+        hidden: PromptHidden,
     ) -> Result<Self> {
         if prompt.is_empty() {
             return Err(ModelError::EmptyInput.into());
         }
         let reuse = cache.len().min(prompt.len() - 1);
         cache.truncate(reuse);
-        let out = prefill(model, &prompt[reuse..], cache, chunk)?;
+        let out = match hidden {
+            PromptHidden::Last => prefill(model, &prompt[reuse..], cache, chunk)?,
+            PromptHidden::All => {
+                // The last piece's logits (only its last row is read) and every row's hidden.
+                let mut hidden = Vec::new();
+                let mut last = ForwardOutput::default();
+                for piece in prompt[reuse..].chunks(chunk.max(1)) {
+                    last = model.forward(piece, cache, Want::All)?;
+                    hidden.extend_from_slice(&last.hidden);
+                }
+                ForwardOutput { hidden, ..last }
+            }
+        };
         let first = sampler.sample(out.last_logits(), prompt, &[]);
+        let h = model.config().hidden_size;
+        let first_pos = prompt.len() - out.hidden.len() / h;
         let mut tokens = prompt.to_vec();
         tokens.push(first);
         Ok(SpecDecoder {
@@ -56,8 +96,25 @@ impl<'a> SpecDecoder<'a> {
             sampler,
             prompt_len: prompt.len(),
             tokens,
+            unseen: Some((first_pos, out.hidden)),
             stats: SpecStats::default(),
         })
+    }
+
+    /// Shows the proposer the trunk rows it has not seen.
+    fn show(&mut self, proposer: &mut dyn Proposer) -> Result<()> {
+        if let Some((pos, hidden)) = self.unseen.take() {
+            let h = self.model.config().hidden_size;
+            let n = hidden.len() / h;
+            if n > 0 {
+                proposer.observe(&TrunkRows {
+                    pos,
+                    hidden: &hidden,
+                    next: &self.tokens[pos + 1..pos + 1 + n],
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Tokens generated so far (the first one is sampled by [`SpecDecoder::new`]).
@@ -92,6 +149,7 @@ impl<'a> SpecDecoder<'a> {
         }
         // Never draft past the context window or what the caller will take.
         let k = depth.min(self.room() - 1).min(max_emit - 1);
+        self.show(proposer)?;
         let mut draft = if k > 0 {
             proposer.propose(&DraftContext {
                 tokens: &self.tokens,
@@ -153,6 +211,8 @@ impl<'a> SpecDecoder<'a> {
         // appended token.
         self.cache.truncate(old_len + cut - 1);
         self.tokens.extend_from_slice(&emitted[..cut]);
+        let h = self.model.config().hidden_size;
+        self.unseen = Some((old_len - 1, out.hidden[..cut * h].to_vec()));
         Ok(StepOutcome {
             appended: cut,
             drafted: k,

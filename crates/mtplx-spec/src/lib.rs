@@ -1,8 +1,8 @@
 //! mtplx-spec: speculative decoding whose output is exactly the model's own.
 //!
-//! A [`Proposer`] guesses the next few tokens (prompt lookup, a draft model; an MTP head is
-//! being added); [`SpecDecoder`] runs the newest token and the draft through the model in
-//! one forward pass (k + 1 rows), keeps the longest acceptable prefix plus one token of the
+//! A [`Proposer`] guesses the next few tokens (prompt lookup, a draft model, the trunk's
+//! own MTP head fed with its hidden states); [`SpecDecoder`] runs the newest token and the
+//! draft through the model in one forward pass (k + 1 rows), keeps the longest acceptable prefix plus one token of the
 //! model's own, and trims the KV cache back to what was kept. A [`DepthPolicy`] decides how
 //! far to draft.
 //!
@@ -22,14 +22,16 @@ mod decoder;
 mod draft_model;
 mod error;
 mod lookup;
+mod mtp;
 mod policy;
 mod proposer;
 mod stats;
 
-pub use decoder::{generate, SpecDecoder, StepOutcome};
+pub use decoder::{generate, PromptHidden, SpecDecoder, StepOutcome};
 pub use draft_model::{DraftModel, DraftSampling};
 pub use error::{Result, SpecError};
 pub use lookup::PromptLookup;
+pub use mtp::{LookupThenMtp, MtpProposer};
 pub use policy::{Acceptance, DepthPolicy};
-pub use proposer::{Draft, DraftContext, Proposer};
+pub use proposer::{Draft, DraftContext, Proposer, TrunkRows};
 pub use stats::SpecStats;

@@ -33,10 +33,29 @@ impl Draft {
     }
 }
 
+/// Rows of the trunk's last hidden state (before the final norm) that the decoder kept:
+/// what an MTP head drafts from.
+pub struct TrunkRows<'a> {
+    /// Position of the first row.
+    pub pos: usize,
+    /// `[n, hidden]`: row `r` is the trunk's state at position `pos + r`.
+    pub hidden: &'a [f32],
+    /// `next[r]`: the token at position `pos + r + 1` (what row `r` predicted and the
+    /// decoder kept); the last one is the context's newest token.
+    pub next: &'a [u32],
+}
+
 /// Guesses continuations for the verifier to check.
 pub trait Proposer {
     /// A short name for stats and logs (`mtp`, `lookup`, `draft_model`).
     fn name(&self) -> &'static str;
+
+    /// Sees the trunk's hidden rows the decoder kept (after the prefill and after every
+    /// verify), before the next [`Proposer::propose`]. Most proposers ignore them.
+    fn observe(&mut self, rows: &TrunkRows<'_>) -> Result<()> {
+        let _ = rows;
+        Ok(())
+    }
 
     /// Drafts up to `ctx.max_len` tokens after `ctx.tokens` (fewer, or none, is fine).
     fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft>;

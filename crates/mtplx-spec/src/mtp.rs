@@ -1,0 +1,190 @@
+//! The MTP proposer: the trunk's own multi-token-prediction head drafts the next tokens.
+
+use std::sync::Arc;
+
+use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_model::mtp::MtpHead;
+use mtplx_model::sampling::{argmax, Distribution, Rng};
+use mtplx_model::LanguageModel;
+
+use crate::draft_model::DraftSampling;
+use crate::error::Result;
+use crate::proposer::{Draft, DraftContext, Proposer, TrunkRows};
+
+/// Drafts with an [`MtpHead`] fed by the trunk's last hidden states.
+///
+/// The head keeps its own one-layer KV cache: one row per position `p` whose trunk hidden
+/// state `h_p` and next token `t_{p+1}` it has seen ([`Proposer::observe`], called by the
+/// decoder after every forward pass with the rows it kept). The output for the newest
+/// observed position scores the first draft token; each further token runs the head once
+/// more on its own output (`h'`) and the token it just drafted. Draft rows are dropped from
+/// the head's cache after each proposal, and replaced by the trunk's rows once verified.
+pub struct MtpProposer<'a> {
+    trunk: &'a dyn LanguageModel,
+    head: Arc<MtpHead>,
+    cache: Box<dyn KvCache>,
+    /// Absolute position of the cache's first row (the head may start mid-sequence).
+    base: usize,
+    /// The head's output for the newest observed position, that position, and the token
+    /// after it (what the first draft continues from).
+    newest: Option<(Vec<f32>, usize, u32)>,
+    sampling: DraftSampling,
+    rng: Rng,
+}
+
+impl<'a> MtpProposer<'a> {
+    pub fn new(
+        trunk: &'a dyn LanguageModel,
+        head: Arc<MtpHead>,
+        factory: &CacheFactory,
+        sampling: DraftSampling,
+    ) -> Self {
+        let cache = factory.new_cache(head.kv_shape());
+        let seed = match sampling {
+            DraftSampling::Random(r) => r.seed,
+            DraftSampling::Greedy => 0,
+        };
+        MtpProposer {
+            trunk,
+            head,
+            cache,
+            base: 0,
+            newest: None,
+            sampling,
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// An independent copy (the head's cache forked), e.g. of a proposer that has observed
+    /// a shared prompt.
+    pub fn fork(&self) -> Self {
+        MtpProposer {
+            trunk: self.trunk,
+            head: self.head.clone(),
+            cache: self.cache.fork(),
+            base: self.base,
+            newest: self.newest.clone(),
+            sampling: self.sampling,
+            rng: self.rng.clone(),
+        }
+    }
+
+    /// Positions the head's cache holds.
+    pub fn observed(&self) -> usize {
+        self.base + self.cache.len()
+    }
+
+    fn pick(&mut self, x: &[f32], dists: &mut Option<Vec<Distribution>>) -> Result<u32> {
+        let logits = self.head.logits(x)?;
+        Ok(match self.sampling {
+            DraftSampling::Greedy => self.head.token_of(argmax(&logits) as usize),
+            DraftSampling::Random(r) => {
+                let mut q = r.distribution(&logits);
+                for t in q.tokens.iter_mut() {
+                    *t = self.head.token_of(*t as usize);
+                }
+                let t = self.rng.draw(&q);
+                dists.as_mut().expect("random drafts carry q").push(q);
+                t
+            }
+        })
+    }
+}
+
+impl Proposer for MtpProposer<'_> {
+    fn name(&self) -> &'static str {
+        "mtp"
+    }
+
+    fn observe(&mut self, rows: &TrunkRows<'_>) -> Result<()> {
+        let n = rows.next.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // Keep the cache contiguous with the new rows: drop what they replace, and start
+        // afresh after a gap (RoPE is relative, so a late start only loses context).
+        if rows.pos < self.base || rows.pos > self.observed() {
+            self.cache.truncate(0);
+            self.base = rows.pos;
+        } else {
+            self.cache.truncate(rows.pos - self.base);
+        }
+        if rows.pos + n > self.head.max_positions() {
+            self.newest = None;
+            return Ok(());
+        }
+        let out = self.head.forward(
+            self.trunk,
+            rows.hidden,
+            rows.next,
+            self.cache.as_mut(),
+            rows.pos,
+        )?;
+        let h = self.head.hidden_size();
+        self.newest = Some((
+            out[(n - 1) * h..].to_vec(),
+            rows.pos + n - 1,
+            rows.next[n - 1],
+        ));
+        Ok(())
+    }
+
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {
+        let random = matches!(self.sampling, DraftSampling::Random(_));
+        let mut draft = Draft {
+            tokens: Vec::new(),
+            dists: random.then(Vec::new),
+        };
+        // The newest observation must be for the context's newest token.
+        let Some((x, pos, last)) = self.newest.clone() else {
+            return Ok(draft);
+        };
+        let n = ctx.tokens.len();
+        if ctx.max_len == 0 || pos + 2 != n || ctx.tokens[n - 1] != last {
+            return Ok(draft);
+        }
+        let k = ctx
+            .max_len
+            .min(self.head.max_positions().saturating_sub(pos + 1));
+        let keep = self.cache.len();
+        let mut x = x;
+        for i in 0..k {
+            let t = self.pick(&x, &mut draft.dists)?;
+            draft.tokens.push(t);
+            if i + 1 < k {
+                x = self
+                    .head
+                    .forward(self.trunk, &x, &[t], self.cache.as_mut(), pos + 1 + i)?;
+            }
+        }
+        self.cache.truncate(keep);
+        Ok(draft)
+    }
+}
+
+/// Prompt lookup when the context's tail matched earlier text, the MTP head otherwise: the
+/// lookup wins on copies (code edits), the head on fresh text. Both see every observation.
+pub struct LookupThenMtp<'a> {
+    pub lookup: crate::PromptLookup,
+    pub mtp: MtpProposer<'a>,
+    /// Shortest lookup draft preferred to the head's.
+    pub min_lookup: usize,
+}
+
+impl Proposer for LookupThenMtp<'_> {
+    fn name(&self) -> &'static str {
+        "lookup+mtp"
+    }
+
+    fn observe(&mut self, rows: &TrunkRows<'_>) -> Result<()> {
+        self.mtp.observe(rows)
+    }
+
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {
+        let found = self.lookup.propose(ctx)?;
+        if found.len() >= self.min_lookup.min(ctx.max_len).max(1) {
+            return Ok(found);
+        }
+        self.mtp.propose(ctx)
+    }
+}
