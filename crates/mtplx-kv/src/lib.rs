@@ -52,7 +52,6 @@
 //! ```
 
 pub mod attention;
-pub mod pool;
 mod bytes;
 mod check;
 mod contiguous;

@@ -67,7 +67,8 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let local = listener.local_addr().map_err(io("local address"))?;
     println!(
         "mtplx serving {} ({}) on http://{local} | context {} tokens | weights {:.1} MiB ({:?}) | \
-         max active {} | speculation {} | request log {} | key {}",
+         max active {} | speculation {} | memory limit {:.1} GiB, bank {:.1} GiB | SSD cache {} \
+         | request log {} | key {}",
         state.model_id(),
         path.display(),
         state.context_window(),
@@ -80,6 +81,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
                 "depth {d}, prompt lookup, {:?}",
                 settings.speculation.policy
             ),
+        },
+        settings.cache.bank.memory_limit_bytes as f64 / (1u64 << 30) as f64,
+        settings.cache.bank.max_bytes as f64 / (1u64 << 30) as f64,
+        match state.tier().cold() {
+            Some(_) => state.tier().ssd_dir().display().to_string(),
+            None => "off".to_string(),
         },
         settings
             .request_log
