@@ -2,7 +2,9 @@
 //!
 //! - `fetch-model`: fetch and verify the default model into the store.
 //! - `test`: fetch the model, then run the whole test suite (what CI runs).
-//! - `bench`: run the criterion benches and print the figures side by side.
+//! - `bench`: run the criterion benches and print the figures side by side, then the peer
+//!   step (`peer.rs`): llama.cpp's llama-bench on the same file and threads. `peer` runs
+//!   the peer step alone.
 //! - `cold-bench`: the SSD tier's restore, write and overhead figures (`cold_bench.rs`).
 //! - `train-mtp`: train the default model's MTP head (`train_mtp.rs`).
 
@@ -13,6 +15,7 @@ use clap::{Parser, Subcommand};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 
 mod cold_bench;
+mod peer;
 mod train_mtp;
 
 #[derive(Parser)]
@@ -36,7 +39,9 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// Run the criterion benchmarks (the default model on 2 threads).
+    /// llama.cpp's llama-bench on the same file and threads, beside mtplx's own figures.
+    Peer(peer::PeerArgs),
+    /// Run the criterion benchmarks (the default model on 2 threads), then the peer step.
     Bench {
         /// Extra arguments passed to `cargo bench`.
         #[arg(trailing_var_arg = true)]
@@ -71,6 +76,10 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::ColdBench(args) => cold_bench::run(&args)?,
         Task::TrainMtp(args) => train_mtp::run(&fetch_model()?, &args)?,
+        Task::Peer(args) => match std::env::var_os("MTPLX_TEST_MODEL") {
+            Some(m) if args.mtplx_only => peer::run(m.as_ref(), &args)?,
+            _ => peer::run(&fetch_model()?, &args)?,
+        },
         Task::FetchModel => {
             fetch_model()?;
         }
@@ -86,6 +95,7 @@ fn main() -> Result<()> {
                 ("RAYON_NUM_THREADS", "2".to_string()),
             ];
             cargo(&["bench", "--workspace"], &args, &env)?;
+            peer::run(&model, &peer::PeerArgs::default())?;
         }
     }
     Ok(())

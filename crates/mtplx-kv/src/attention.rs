@@ -6,8 +6,31 @@
 //! point operations whichever layout stores the rows and however many other queries are
 //! computed beside it: layouts agree bit for bit, and a prefill chunk gives the same result
 //! as one-token decode.
+//!
+//! # The arithmetic of one query head and one key block
+//! For keys `j` of the block (those at positions `≤ p`):
+//!
+//! ```text
+//! s[j] = fma chain over d = 0..head_dim of q[d]·k[j][d], then × scale
+//! m'   = max(m, max_j s[j]);  if m' ≠ m { c = exp(m − m'); l ×= c; acc ×= c }
+//! p[j] = exp(s[j] − m');  then, for j in order: l += p[j]; acc = fma(p[j], v[j], acc)
+//! ```
+//!
+//! with `exp` the polynomial [`exp`] (not libm's), and finally `out = acc × (1 / l)`.
+//! Every step is one IEEE operation or a fused multiply-add, so the AVX-512, AVX2 and
+//! portable builds of the kernel give the same bits.
+//!
+//! # Speed
+//! Work is split over the shared [`Pool`] (the one the model's matrix kernels use) by KV
+//! head and by tiles of query heads: the query heads that share a KV head, for several
+//! consecutive positions, go through each key block together. The block's keys are
+//! transposed once into a `[head_dim][16]` tile so that the scores of 16 keys are one
+//! vector per query, with no horizontal sums. How queries are grouped is a speed choice
+//! only: each query head's operations are the ones above, in that order.
 
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::pool::Pool;
 
 /// Keys are reduced in blocks of this many positions, aligned to absolute positions.
 pub const ATTN_BLOCK: usize = 16;
@@ -65,118 +88,297 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// Causal attention for `q` (`[n_q, q_heads, head_dim]`) into `out` (same shape).
+/// `e^x` for the softmax (`x ≤ 0`): Cody–Waite reduction to `r ∈ [−ln2/2, ln2/2]`, a degree-7
+/// Taylor polynomial (relative error below 2·10⁻⁷), scaled by `2ⁿ`; 0 below −87.
+/// Fused multiply-adds and plain IEEE operations only, so every build gives the same bits.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let xc = x.clamp(-87.0, 88.0);
+    let t = xc.mul_add(std::f32::consts::LOG2_E, MAGIC);
+    let n = t - MAGIC;
+    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p: f32 = 1.0 / 5040.0;
+    p = p.mul_add(r, 1.0 / 720.0);
+    p = p.mul_add(r, 1.0 / 120.0);
+    p = p.mul_add(r, 1.0 / 24.0);
+    p = p.mul_add(r, 1.0 / 6.0);
+    p = p.mul_add(r, 0.5);
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
+    let k = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let scale = f32::from_bits(((k + 127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// Query heads that go through a key block together (a speed knob only).
+const TILE_VECTORS: usize = 24;
+/// Query heads whose scores are computed in one pass over the key tile.
+const GROUP: usize = 4;
+
+/// Causal attention for `q` (`[n_q, q_heads, head_dim]`) into `out` (same shape), on the
+/// [global pool](Pool::global).
 pub fn attend<S: RowSource>(src: &S, q: &[f32], g: AttnGeometry, out: &mut [f32]) {
-    let hd = g.head_dim;
-    let row = g.kv_heads * hd;
+    attend_with(Pool::global(), src, q, g, out)
+}
+
+/// [`attend`] on `pool`. The result does not depend on the pool's size.
+///
+/// # Panics
+/// If `q` or `out` is not a whole number of `[q_heads, head_dim]` rows, the head dimension
+/// exceeds [`MAX_HEAD_DIM`], or `q_heads` is not a multiple of `kv_heads`.
+pub fn attend_with<S: RowSource>(
+    pool: &Pool,
+    src: &S,
+    q: &[f32],
+    g: AttnGeometry,
+    out: &mut [f32],
+) {
+    let per_q = g.q_heads * g.head_dim;
+    assert!(g.head_dim <= MAX_HEAD_DIM && g.head_dim > 0, "head_dim");
+    assert!(g.kv_heads > 0 && g.q_heads.is_multiple_of(g.kv_heads));
+    assert_eq!(q.len(), out.len());
+    assert!(q.len().is_multiple_of(per_q));
+    let n_q = q.len() / per_q;
+    if n_q == 0 {
+        return;
+    }
     let group = g.q_heads / g.kv_heads;
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (qi, h) = (idx / g.q_heads, idx % g.q_heads);
-        let kvh = h / group;
-        let qv = &q[idx * hd..idx * hd + hd];
-        attend_one(src, qv, g.first_pos + qi, kvh * hd, row, g.scale, o);
+    let chunks = (n_q * group).div_ceil(TILE_VECTORS);
+    let items = g.kv_heads * chunks;
+    let next = AtomicUsize::new(0);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let isa = Isa::detect();
+    let parts = pool.threads().min(items);
+    pool.run(parts, &|_| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= items {
+            break;
+        }
+        // The latest queries see the most keys: start with them.
+        let (chunk, kvh) = (chunks - 1 - i / g.kv_heads, i % g.kv_heads);
+        let first = chunk * TILE_VECTORS;
+        let item = Item {
+            q,
+            g,
+            n_q,
+            kvh,
+            vectors: first..(first + TILE_VECTORS).min(n_q * group),
+        };
+        // SAFETY: items write disjoint query heads of `out` (each query head belongs to one
+        // KV head and one chunk), and `out` outlives `run`; `isa` runs on this CPU.
+        unsafe { isa.run(src, &item, out_ptr) };
     });
 }
 
-/// The running state of the online softmax for one query head.
-struct Online<'a> {
+/// `out`, shared by the workers, each writing its own query heads.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: workers write disjoint ranges (see `attend_with`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// One work item: a run of the query heads (position-major) that share KV head `kvh`.
+struct Item<'a> {
+    q: &'a [f32],
+    g: AttnGeometry,
+    n_q: usize,
+    kvh: usize,
+    /// Indices `qi * group + h` into the `n_q × group` query heads of this KV head.
+    vectors: std::ops::Range<usize>,
+}
+
+#[derive(Clone, Copy)]
+enum Isa {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        use std::sync::OnceLock;
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::env::var_os("MTPLX_ATTN_PORTABLE").is_some() {
+                    return Isa::Portable;
+                }
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+                    return Isa::Avx512;
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Portable
+        })
+    }
+
+    /// # Safety
+    /// As [`item`]; `self` came from [`Isa::detect`].
+    unsafe fn run<S: RowSource>(self, src: &S, it: &Item<'_>, out: OutPtr) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => item_avx512(src, it, out),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => item_avx2(src, it, out),
+            Isa::Portable => item(src, it, out),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn item_avx512<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
+    item(src, it, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn item_avx2<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
+    item(src, it, out)
+}
+
+/// The online-softmax state of one query head.
+#[derive(Clone, Copy)]
+struct State {
     m: f32,
     l: f32,
-    acc: &'a mut [f32],
 }
 
-impl Online<'_> {
-    /// Folds one block of `n` keys into the state. `k(j)` and `v(j)` give the head's slice of
-    /// the block's row `j`; how they are found does not change the arithmetic.
-    #[inline(always)]
-    fn block<'r>(
-        &mut self,
-        q: &[f32],
-        n: usize,
-        scale: f32,
-        k: impl Fn(usize) -> &'r [f32],
-        v: impl Fn(usize) -> &'r [f32],
-    ) {
-        let mut scores = [0f32; ATTN_BLOCK];
-        let mut bm = f32::NEG_INFINITY;
-        for (j, s) in scores[..n].iter_mut().enumerate() {
-            *s = dot(q, k(j)) * scale;
-            bm = bm.max(*s);
-        }
-        let m_new = self.m.max(bm);
-        if m_new != self.m {
-            let corr = (self.m - m_new).exp();
-            self.l *= corr;
-            for a in self.acc.iter_mut() {
-                *a *= corr;
-            }
-            self.m = m_new;
-        }
-        for (j, &s) in scores[..n].iter().enumerate() {
-            let p = (s - self.m).exp();
-            self.l += p;
-            for (a, &x) in self.acc.iter_mut().zip(v(j)) {
-                *a += p * x;
-            }
-        }
-    }
-}
-
-#[inline]
-fn attend_one<S: RowSource>(
-    src: &S,
-    q: &[f32],
-    pos: usize,
-    off: usize,
-    row: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let mut acc = [0f32; MAX_HEAD_DIM];
-    let mut st = Online {
+/// Runs one work item: every key block up to the newest query's position, in order, for all
+/// of the item's query heads.
+///
+/// # Safety
+/// `out` points to the `out` of [`attend_with`]; no other thread writes these query heads.
+#[inline(always)]
+unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
+    let g = it.g;
+    let hd = g.head_dim;
+    let row = g.kv_heads * hd;
+    let group = g.q_heads / g.kv_heads;
+    let off = it.kvh * hd;
+    let nv = it.vectors.len();
+    debug_assert!(it.vectors.end <= it.n_q * group);
+    // Query head `v` of the item: its position, and where its q and out rows start.
+    let pos_of = |v: usize| g.first_pos + (it.vectors.start + v) / group;
+    let at = |v: usize| {
+        let (qi, h) = (
+            (it.vectors.start + v) / group,
+            (it.vectors.start + v) % group,
+        );
+        (qi * g.q_heads + it.kvh * group + h) * hd
+    };
+    let mut st = [State {
         m: f32::NEG_INFINITY,
         l: 0.0,
-        acc: &mut acc[..hd],
-    };
+    }; TILE_VECTORS];
+    let mut acc = [0f32; TILE_VECTORS * MAX_HEAD_DIM];
+    let mut kt = [0f32; MAX_HEAD_DIM * ATTN_BLOCK];
+    let mut vrows: [&[f32]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
+    let last = pos_of(nv - 1);
     let mut start = 0;
-    while start <= pos {
-        // Whole blocks inside the run that holds `start`, read as slices.
-        if let Some((ks, vs)) = src.run(start) {
-            let (first, run_end) = (start, start + ks.len() / row);
-            while start <= pos {
-                let end = (start + ATTN_BLOCK).min(pos + 1);
-                if end > run_end {
-                    break;
-                }
-                let base = (start - first) * row + off;
-                st.block(
-                    q,
-                    end - start,
-                    scale,
-                    |j| &ks[base + j * row..base + j * row + hd],
-                    |j| &vs[base + j * row..base + j * row + hd],
-                );
-                start = end;
+    while start <= last {
+        let nb = ATTN_BLOCK.min(last + 1 - start);
+        // The block's keys, transposed; its values, by row.
+        let run = src.run(start).filter(|(ks, _)| ks.len() >= nb * row);
+        for j in 0..nb {
+            let (k, v) = match run {
+                Some((ks, vs)) => (&ks[j * row + off..][..hd], &vs[j * row + off..][..hd]),
+                None => (
+                    &src.k_row(start + j)[off..off + hd],
+                    &src.v_row(start + j)[off..off + hd],
+                ),
+            };
+            for (d, &x) in k.iter().enumerate() {
+                kt[d * ATTN_BLOCK + j] = x;
             }
-            if start > pos {
-                break;
+            vrows[j] = v;
+        }
+        // Query heads whose position is before the block are done: they form a prefix.
+        let first_active = (0..nv).find(|&v| pos_of(v) >= start).unwrap_or(nv);
+        let mut v0 = first_active;
+        while v0 < nv {
+            let take = GROUP.min(nv - v0);
+            let qs: [&[f32]; GROUP] = std::array::from_fn(|r| {
+                let base = at(v0 + r.min(take - 1));
+                &it.q[base..base + hd]
+            });
+            let scores = scores(&qs, &kt[..hd * ATTN_BLOCK], g.scale);
+            for (r, sc) in scores.iter().enumerate().take(take) {
+                let v = v0 + r;
+                let n = nb.min(pos_of(v) + 1 - start);
+                let a = &mut acc[v * hd..(v + 1) * hd];
+                fold(&mut st[v], a, sc, n, &vrows);
+            }
+            v0 += take;
+        }
+        start += nb;
+    }
+    for (v, s) in st[..nv].iter().enumerate() {
+        let inv = 1.0 / s.l;
+        // SAFETY: query head `v`'s output row, written only by this item (see above).
+        let o = std::slice::from_raw_parts_mut(out.0.add(at(v)), hd);
+        for (o, a) in o.iter_mut().zip(&acc[v * hd..(v + 1) * hd]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// The scores of [`GROUP`] query heads against a transposed key tile (`[head_dim][16]`):
+/// for each key, one fused multiply-add chain in dimension order, then × `scale`.
+#[inline(always)]
+fn scores(qs: &[&[f32]; GROUP], kt: &[f32], scale: f32) -> [[f32; ATTN_BLOCK]; GROUP] {
+    let mut s = [[0f32; ATTN_BLOCK]; GROUP];
+    for (d, k) in kt.chunks_exact(ATTN_BLOCK).enumerate() {
+        for r in 0..GROUP {
+            let x = qs[r][d];
+            for j in 0..ATTN_BLOCK {
+                s[r][j] = x.mul_add(k[j], s[r][j]);
             }
         }
-        // A block across two runs (or a source without runs): row by row.
-        let end = (start + ATTN_BLOCK).min(pos + 1);
-        st.block(
-            q,
-            end - start,
-            scale,
-            |j| &src.k_row(start + j)[off..off + hd],
-            |j| &src.v_row(start + j)[off..off + hd],
-        );
-        start = end;
     }
-    let inv = 1.0 / st.l;
-    for (o, a) in out.iter_mut().zip(st.acc.iter()) {
-        *o = a * inv;
+    for row in s.iter_mut() {
+        for x in row.iter_mut() {
+            *x *= scale;
+        }
+    }
+    s
+}
+
+/// Folds the first `n` keys of a block (scores `s`, values `v`) into one query head's state.
+#[inline(always)]
+fn fold(st: &mut State, acc: &mut [f32], s: &[f32; ATTN_BLOCK], n: usize, v: &[&[f32]]) {
+    let bm = s[..n].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let m_new = st.m.max(bm);
+    if m_new != st.m {
+        let c = exp(st.m - m_new);
+        st.l *= c;
+        for a in acc.iter_mut() {
+            *a *= c;
+        }
+        st.m = m_new;
+    }
+    let mut p = [0f32; ATTN_BLOCK];
+    for j in 0..ATTN_BLOCK {
+        p[j] = exp(s[j] - st.m);
+    }
+    for j in 0..n {
+        st.l += p[j];
+        for (a, &x) in acc.iter_mut().zip(v[j]) {
+            *a = p[j].mul_add(x, *a);
+        }
     }
 }
 

@@ -52,6 +52,7 @@
 //! ```
 
 pub mod attention;
+pub mod pool;
 mod bytes;
 mod check;
 mod contiguous;

@@ -1,4 +1,5 @@
-//! Prefill and decode speed of the default model, f32 and quantized weights, side by side.
+//! Prefill and decode speed of the default model: f32, candle-quantized and native (kernel)
+//! weights, side by side.
 //! Run with `cargo xtask bench` (which pins 2 threads and fetches the model).
 
 use std::path::PathBuf;
@@ -30,6 +31,11 @@ fn bench(c: &mut Criterion) {
             &[128usize, 2048][..],
         ),
         (WeightFormat::Quantized, &[512][..], &[128][..]),
+        (
+            WeightFormat::Native,
+            &[512usize, 2048][..],
+            &[128usize, 2048][..],
+        ),
     ] {
         let model =
             Model::load(&path, format).expect("the default model (cargo xtask fetch-model)");

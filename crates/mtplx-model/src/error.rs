@@ -53,6 +53,8 @@ pub enum ModelError {
     ContextFull { len: usize, new: usize, max: usize },
     #[error("KV cache: {0}")]
     Kv(#[from] mtplx_kv::KvError),
+    #[error("weight kernel: {0}")]
+    Kernel(#[from] crate::kernels::QuantMatrixError),
     #[error("tensor backend: {0}")]
     Backend(#[from] candle_core::Error),
     #[error("tokenizer: {0}")]

@@ -14,15 +14,27 @@ pub fn prefill(
     cache: &mut dyn KvCache,
     chunk: usize,
 ) -> Result<ForwardOutput> {
-    let chunk = chunk.max(1);
     let mut out = ForwardOutput::default();
+    prefill_into(model, tokens, cache, chunk, &mut out)?;
+    Ok(out)
+}
+
+/// [`prefill`] into `out`, reusing its buffers.
+pub fn prefill_into(
+    model: &dyn LanguageModel,
+    tokens: &[u32],
+    cache: &mut dyn KvCache,
+    chunk: usize,
+    out: &mut ForwardOutput,
+) -> Result<()> {
+    let chunk = chunk.max(1);
     let pieces = tokens.chunks(chunk);
     let last = pieces.len().saturating_sub(1);
     for (i, piece) in pieces.enumerate() {
         let want = if i == last { Want::Last } else { Want::Nothing };
-        out = model.forward(piece, cache, want)?;
+        model.forward_into(piece, cache, want, out)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Why a generation ended.
@@ -58,7 +70,8 @@ pub struct Generator<'a> {
     sampler: Sampler,
     prompt_len: usize,
     tokens: Vec<u32>,
-    logits: Vec<f32>,
+    /// The newest forward pass; its last row's logits are sampled next.
+    out: ForwardOutput,
     /// Whether the newest token still has to be run through the model.
     pending: bool,
 }
@@ -86,7 +99,7 @@ impl<'a> Generator<'a> {
             sampler,
             prompt_len: prompt.len(),
             tokens: prompt.to_vec(),
-            logits: out.last_logits().to_vec(),
+            out,
             pending: false,
         })
     }
@@ -95,11 +108,13 @@ impl<'a> Generator<'a> {
     pub fn step(&mut self) -> Result<u32> {
         if self.pending {
             let last = *self.tokens.last().expect("pending implies a token");
-            let out = self.model.forward(&[last], self.cache, Want::Last)?;
-            self.logits = out.last_logits().to_vec();
+            self.model
+                .forward_into(&[last], self.cache, Want::Last, &mut self.out)?;
         }
         let (prompt, generated) = self.tokens.split_at(self.prompt_len);
-        let t = self.sampler.sample(&self.logits, prompt, generated);
+        let t = self
+            .sampler
+            .sample(self.out.last_logits(), prompt, generated);
         self.tokens.push(t);
         self.pending = true;
         Ok(t)

@@ -1,12 +1,14 @@
 //! The decoder graph of the Llama / Qwen2 / Qwen3 family.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
 use mtplx_kv::KvCache;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::kernels::QuantMatrix;
 use crate::ops::{self, Rope};
 use crate::source::{GgufSource, HfSource, TensorRole, WeightSource};
 use crate::weights::{Linear, RawWeight, WeightFormat};
@@ -56,6 +58,19 @@ pub trait LanguageModel: Send + Sync {
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache, want: Want)
         -> Result<ForwardOutput>;
 
+    /// [`forward`](Self::forward) into `out`, reusing its buffers: with [`Model`]'s native
+    /// weights a decode step allocates nothing once the buffers have grown.
+    fn forward_into(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        want: Want,
+        out: &mut ForwardOutput,
+    ) -> Result<()> {
+        *out = self.forward(tokens, cache, want)?;
+        Ok(())
+    }
+
     /// Embeds tokens (`[n, hidden]`); an MTP head reuses the trunk's embedding.
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>>;
 
@@ -65,28 +80,73 @@ pub trait LanguageModel: Send + Sync {
 
 struct Layer {
     attn_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// Q, K and V side by side in each output row.
+    qkv: Linear,
     o: Linear,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
+    /// Gate and up side by side in each output row.
+    gate_up: Linear,
     down: Linear,
+}
+
+/// The token embedding table.
+enum Embedding {
+    /// `[vocab, hidden]`, dense `f32` (the `F32` and `Quantized` formats).
+    Dense(Tensor),
+    /// The file's own blocks; a lookup dequantizes one row. Shared with a tied output head.
+    Table(Arc<QuantMatrix>),
+}
+
+/// Activation buffers of a forward pass, kept between calls so that a decode step
+/// allocates nothing once they have grown.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+}
+
+impl Scratch {
+    fn fit(&mut self, n: usize, c: &ModelConfig) {
+        let (qd, kvd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let h = c.hidden_size;
+        let i = c.intermediate_size;
+        for (buf, len) in [
+            (&mut self.x, n * h),
+            (&mut self.normed, n * h),
+            (&mut self.qkv, n * (qd + 2 * kvd)),
+            (&mut self.q, n * qd),
+            (&mut self.k, n * kvd),
+            (&mut self.v, n * kvd),
+            (&mut self.attn, n * qd),
+            (&mut self.proj, n * h),
+            (&mut self.gate_up, n * 2 * i),
+            (&mut self.act, n * i),
+        ] {
+            buf.resize(len, 0.0);
+        }
+    }
 }
 
 /// A loaded model: weights in memory, ready to run.
 pub struct Model {
     config: ModelConfig,
     format: WeightFormat,
-    /// `[vocab, hidden]`, dense `f32`.
-    embed: Tensor,
+    embed: Embedding,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
     lm_head: Linear,
     rope: Rope,
+    scratch: Mutex<Scratch>,
 }
 
 impl Model {
@@ -122,7 +182,13 @@ impl Model {
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let embed_raw = take(TensorRole::Embed, 0, &[c.vocab_size, h])?;
-        let embed = embed_raw.to_dense()?;
+        let embed = match (format, &embed_raw) {
+            (WeightFormat::Native, RawWeight::Quant(q)) => match QuantMatrix::from_qtensor(q) {
+                Ok(m) => Embedding::Table(Arc::new(m)),
+                Err(_) => Embedding::Dense(embed_raw.to_dense()?),
+            },
+            _ => Embedding::Dense(embed_raw.to_dense()?),
+        };
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let mut lin = |role, shape: [usize; 2]| Linear::new(take(role, i, &shape)?, format);
@@ -154,14 +220,11 @@ impl Model {
             layers.push(Layer {
                 attn_norm: vec(TensorRole::AttnNorm, h)?,
                 ffn_norm: vec(TensorRole::FfnNorm, h)?,
-                q,
-                k,
-                v,
+                qkv: Linear::concat(vec![q, k, v])?,
                 o,
                 q_norm,
                 k_norm,
-                gate,
-                up,
+                gate_up: Linear::concat(vec![gate, up])?,
                 down,
             });
         }
@@ -176,9 +239,10 @@ impl Model {
             // GGUF files without `output.weight` tie the head to the embedding.
             None if c.tie_embeddings || matches!(embed_raw, RawWeight::Quant(_)) => {
                 config.tie_embeddings = true;
-                match format {
-                    WeightFormat::F32 => Linear::dense(embed.clone())?,
-                    WeightFormat::Quantized => Linear::new(embed_raw, format)?,
+                match (&embed, format) {
+                    (Embedding::Table(m), _) => Linear::shared(m.clone()),
+                    (Embedding::Dense(t), WeightFormat::F32) => Linear::dense(t.clone())?,
+                    (Embedding::Dense(_), _) => Linear::new(embed_raw, format)?,
                 }
             }
             None => {
@@ -197,6 +261,7 @@ impl Model {
             final_norm,
             lm_head,
             rope,
+            scratch: Mutex::new(Scratch::default()),
         })
     }
 
@@ -214,18 +279,52 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                [&l.qkv, &l.o, &l.gate_up, &l.down]
                     .iter()
                     .map(|x| x.weight_bytes())
                     .sum::<usize>()
             })
             .sum();
-        let head = if self.config.tie_embeddings && !self.lm_head.is_quantized() {
-            0
-        } else {
-            self.lm_head.weight_bytes()
+        let (embed, head) = match &self.embed {
+            // A tied head shares the table.
+            Embedding::Table(m) if self.config.tie_embeddings => (m.size_in_bytes(), 0),
+            Embedding::Table(m) => (m.size_in_bytes(), self.lm_head.weight_bytes()),
+            Embedding::Dense(t) if self.config.tie_embeddings && !self.lm_head.is_quantized() => {
+                (t.elem_count() * 4, 0)
+            }
+            Embedding::Dense(t) => (t.elem_count() * 4, self.lm_head.weight_bytes()),
         };
-        layers + self.embed.elem_count() * 4 + head
+        layers + embed + head
+    }
+
+    /// Whether every product of a forward pass is batch-invariant, so that a row's logits do
+    /// not depend on the rows computed with it (prefill chunk, verify block, decode step).
+    /// True for [`WeightFormat::Native`].
+    pub fn is_batch_invariant(&self) -> bool {
+        self.layers.iter().all(|l| {
+            [&l.qkv, &l.o, &l.gate_up, &l.down]
+                .iter()
+                .all(|x| x.is_batch_invariant())
+        }) && self.lm_head.is_batch_invariant()
+    }
+
+    /// Embeds `tokens` into `x` (`[n, hidden]`).
+    fn embed_into(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
+        self.check_tokens(tokens)?;
+        let h = self.config.hidden_size;
+        match &self.embed {
+            Embedding::Table(m) => {
+                for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
+                    m.dequantize_row(t as usize, row);
+                }
+            }
+            Embedding::Dense(t) => {
+                let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
+                let rows = t.index_select(&ids, 0)?.flatten_all()?.to_vec1::<f32>()?;
+                x.copy_from_slice(&rows);
+            }
+        }
+        Ok(())
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -255,9 +354,9 @@ impl LanguageModel for Model {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.check_tokens(tokens)?;
-        let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        Ok(self.embed.index_select(&ids, 0)?.flatten_all()?.to_vec1()?)
+        let mut x = vec![0f32; tokens.len() * self.config.hidden_size];
+        self.embed_into(tokens, &mut x)?;
+        Ok(x)
     }
 
     fn head(&self, hidden: &[f32]) -> Result<Vec<f32>> {
@@ -273,6 +372,18 @@ impl LanguageModel for Model {
         cache: &mut dyn KvCache,
         want: Want,
     ) -> Result<ForwardOutput> {
+        let mut out = ForwardOutput::default();
+        self.forward_into(tokens, cache, want, &mut out)?;
+        Ok(out)
+    }
+
+    fn forward_into(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        want: Want,
+        out: &mut ForwardOutput,
+    ) -> Result<()> {
         let c = &self.config;
         let n = tokens.len();
         if n == 0 {
@@ -287,44 +398,62 @@ impl LanguageModel for Model {
                 max,
             });
         }
+        // One forward pass at a time uses the kept buffers; a concurrent one gets its own.
+        let mut own = None;
+        let mut guard = self.scratch.try_lock().ok();
+        let s: &mut Scratch = match guard.as_deref_mut() {
+            Some(s) => s,
+            None => own.insert(Scratch::default()),
+        };
+        s.fit(n, c);
         let (h, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let inter = c.intermediate_size;
         let eps = c.rms_norm_eps;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut x = self.embed(tokens)?;
-        let mut normed = vec![0f32; n * h];
-        let mut attn = vec![0f32; n * c.num_heads * hd];
+        self.embed_into(tokens, &mut s.x)?;
         for (li, l) in self.layers.iter().enumerate() {
-            ops::rms_norm(&x, &l.attn_norm, eps, &mut normed);
-            let mut q = l.q.forward(&normed, n)?;
-            let mut k = l.k.forward(&normed, n)?;
-            let v = l.v.forward(&normed, n)?;
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                ops::rms_norm_inplace(&mut q, qn, eps);
-                ops::rms_norm_inplace(&mut k, kn, eps);
+            ops::rms_norm(&s.x, &l.attn_norm, eps, &mut s.normed);
+            l.qkv.forward_into(&s.normed, n, &mut s.qkv)?;
+            for (r, row) in s.qkv.chunks_exact(qd + 2 * kvd).enumerate() {
+                s.q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
+                s.k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
+                s.v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
             }
-            self.rope.apply(&mut q, c.num_heads, pos0);
-            self.rope.apply(&mut k, c.num_kv_heads, pos0);
-            cache.append(li, &k, &v)?;
-            cache.attend(li, &q, c.num_heads, scale, &mut attn)?;
-            ops::add_inplace(&mut x, &l.o.forward(&attn, n)?);
-            ops::rms_norm(&x, &l.ffn_norm, eps, &mut normed);
-            let mut g = l.gate.forward(&normed, n)?;
-            ops::silu_mul(&mut g, &l.up.forward(&normed, n)?);
-            ops::add_inplace(&mut x, &l.down.forward(&g, n)?);
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                ops::rms_norm_inplace(&mut s.q, qn, eps);
+                ops::rms_norm_inplace(&mut s.k, kn, eps);
+            }
+            self.rope.apply(&mut s.q, c.num_heads, pos0);
+            self.rope.apply(&mut s.k, c.num_kv_heads, pos0);
+            cache.append(li, &s.k, &s.v)?;
+            cache.attend(li, &s.q, c.num_heads, scale, &mut s.attn)?;
+            l.o.forward_into(&s.attn, n, &mut s.proj)?;
+            ops::add_inplace(&mut s.x, &s.proj);
+            ops::rms_norm(&s.x, &l.ffn_norm, eps, &mut s.normed);
+            l.gate_up.forward_into(&s.normed, n, &mut s.gate_up)?;
+            ops::silu_mul_halves(&s.gate_up, inter, &mut s.act);
+            l.down.forward_into(&s.act, n, &mut s.proj)?;
+            ops::add_inplace(&mut s.x, &s.proj);
         }
         let first = match want {
             Want::Nothing => {
-                return Ok(ForwardOutput::default());
+                out.rows = 0;
+                out.logits.clear();
+                out.hidden.clear();
+                return Ok(());
             }
             Want::Last => n - 1,
             Want::All => 0,
         };
-        let hidden = x[first * h..].to_vec();
-        let logits = self.head(&hidden)?;
-        Ok(ForwardOutput {
-            rows: n - first,
-            logits,
-            hidden,
-        })
+        let rows = n - first;
+        out.rows = rows;
+        out.hidden.clear();
+        out.hidden.extend_from_slice(&s.x[first * h..]);
+        let normed = &mut s.normed[..rows * h];
+        ops::rms_norm(&out.hidden, &self.final_norm, eps, normed);
+        out.logits.resize(rows * c.vocab_size, 0.0);
+        self.lm_head.forward_into(normed, rows, &mut out.logits)?;
+        Ok(())
     }
 }

@@ -58,6 +58,20 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `out = silu(gate) * up` for rows of `[gate | up]` (`2 * width` values each), as the
+/// fused gate/up product gives them.
+pub fn silu_mul_halves(gate_up: &[f32], width: usize, out: &mut [f32]) {
+    for (gu, o) in gate_up
+        .chunks_exact(2 * width)
+        .zip(out.chunks_exact_mut(width))
+    {
+        let (g, u) = gu.split_at(width);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+}
+
 /// Cosine and sine tables for rotary position embeddings.
 pub struct Rope {
     half: usize,

@@ -1,15 +1,24 @@
 //! Weights as the graph sees them: linear maps that may stay quantized.
 
+use std::sync::Arc;
+
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+use crate::kernels::{QuantFormat, QuantMatrix, QuantMatrixError};
 
-/// How a model's projection weights are kept in memory.
+/// How a model's projection weights are kept in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WeightFormat {
-    /// Dequantised to `f32` at load; products through candle's f32 GEMM. The exact path.
+    /// Kept in the file's own blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16, F32; dense
+    /// checkpoints as F32) and multiplied by mtplx's kernels ([`crate::kernels`]): the
+    /// fastest path, and batch-invariant (a row's result never depends on the rows computed
+    /// with it). The embedding is looked up from the same quantized table. The default.
     #[default]
+    Native,
+    /// Dequantised to `f32` at load; products through candle's f32 GEMM. The exact path the
+    /// golden tests pin token for token.
     F32,
     /// Kept in the file's quantized blocks; products through candle's quantized matmul
     /// (activations quantized to Q8 per block).
@@ -19,6 +28,7 @@ pub enum WeightFormat {
 impl WeightFormat {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "native" | "kernels" => Some(WeightFormat::Native),
             "f32" => Some(WeightFormat::F32),
             "quantized" | "q" => Some(WeightFormat::Quantized),
             _ => None,
@@ -67,15 +77,43 @@ pub struct Linear {
 enum LinearKind {
     Dense(Tensor),
     Quantized(QMatMul),
+    /// Run by [`QuantMatrix`]; shared with the embedding when the head is tied.
+    Kernel(Arc<QuantMatrix>),
+    /// Several maps over the same input whose outputs sit side by side in each row (what
+    /// [`Linear::concat`] builds when the parts cannot be fused into one matrix).
+    Parts(Vec<Linear>),
 }
 
 impl Linear {
-    /// Builds the linear map in `format`. Weights that are not quantized in the file stay
-    /// dense whatever the format.
+    /// Builds the linear map in `format`. With [`WeightFormat::F32`] or
+    /// [`WeightFormat::Quantized`], weights that are not quantized in the file stay dense.
     pub fn new(weight: RawWeight, format: WeightFormat) -> Result<Self> {
         let dims = weight.dims();
-        let (out_features, in_features) = (dims[0], dims[1]);
+        let &[out_features, in_features] = dims.as_slice() else {
+            return Err(kernel_error(QuantMatrixError::Rank(dims)));
+        };
         let kind = match (format, weight) {
+            (WeightFormat::Native, RawWeight::Quant(q)) => match QuantMatrix::from_qtensor(&q) {
+                Ok(m) => LinearKind::Kernel(Arc::new(m)),
+                // A type without a kernel: dequantize it once and run it as f32.
+                Err(QuantMatrixError::UnsupportedType(_)) => {
+                    let w = q
+                        .dequantize(&Device::Cpu)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?;
+                    LinearKind::Kernel(Arc::new(
+                        QuantMatrix::from_f32(&w, out_features, in_features)
+                            .map_err(kernel_error)?,
+                    ))
+                }
+                Err(e) => return Err(kernel_error(e)),
+            },
+            (WeightFormat::Native, RawWeight::Dense(t)) => {
+                let w = t.flatten_all()?.to_vec1::<f32>()?;
+                LinearKind::Kernel(Arc::new(
+                    QuantMatrix::from_f32(&w, out_features, in_features).map_err(kernel_error)?,
+                ))
+            }
             (WeightFormat::Quantized, RawWeight::Quant(q))
                 if !matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) =>
             {
@@ -91,11 +129,77 @@ impl Linear {
         })
     }
 
+    /// A map over row-major `[out, in]` `f32` weights, kept as `format` says (`Native`: run
+    /// by the kernels; otherwise a dense candle tensor).
+    pub fn from_f32(
+        w: &[f32],
+        out_features: usize,
+        in_features: usize,
+        format: WeightFormat,
+    ) -> Result<Self> {
+        let t = Tensor::from_slice(w, (out_features, in_features), &Device::Cpu)?;
+        Linear::new(RawWeight::Dense(t), format)
+    }
+
     /// A dense map over an existing `[out, in]` tensor (shared, not copied).
     pub fn dense(weight: Tensor) -> Result<Self> {
         let (out_features, in_features) = weight.dims2()?;
         Ok(Linear {
             kind: LinearKind::Dense(weight),
+            bias: None,
+            out_features,
+            in_features,
+        })
+    }
+
+    /// A map run by the kernels over a matrix shared with someone else (a tied embedding).
+    pub(crate) fn shared(m: Arc<QuantMatrix>) -> Self {
+        Linear {
+            out_features: m.rows(),
+            in_features: m.cols(),
+            kind: LinearKind::Kernel(m),
+            bias: None,
+        }
+    }
+
+    /// Maps over the same input, their outputs side by side in each row (`[n, Σ out]`): Q, K
+    /// and V, or gate and up. Kernel matrices of one format are fused into one matrix (one
+    /// dispatch, one pass over the input; each output bit-identical to the separate
+    /// product's); anything else runs part by part.
+    ///
+    /// # Panics
+    /// If `parts` is empty or their input widths differ.
+    pub fn concat(parts: Vec<Linear>) -> Result<Self> {
+        assert!(!parts.is_empty(), "concatenating no maps");
+        let in_features = parts[0].in_features;
+        assert!(parts.iter().all(|p| p.in_features == in_features));
+        let out_features = parts.iter().map(|p| p.out_features).sum();
+        let bias = parts.iter().any(|p| p.bias.is_some()).then(|| {
+            parts
+                .iter()
+                .flat_map(|p| match &p.bias {
+                    Some(b) => b.clone(),
+                    None => vec![0.0; p.out_features],
+                })
+                .collect::<Vec<f32>>()
+        });
+        let matrices: Option<Vec<QuantMatrix>> = parts
+            .iter()
+            .map(|p| match &p.kind {
+                LinearKind::Kernel(m) => Some((**m).clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(Ok(m)) = matrices.map(|ms| QuantMatrix::concat_rows(&ms)) {
+            return Ok(Linear {
+                kind: LinearKind::Kernel(Arc::new(m)),
+                bias,
+                out_features,
+                in_features,
+            });
+        }
+        Ok(Linear {
+            kind: LinearKind::Parts(parts),
             bias: None,
             out_features,
             in_features,
@@ -110,9 +214,24 @@ impl Linear {
         self.in_features
     }
 
-    /// Whether the weight is held quantized.
+    /// Whether the weight is held quantized (in the file's blocks).
     pub fn is_quantized(&self) -> bool {
-        matches!(self.kind, LinearKind::Quantized(_))
+        match &self.kind {
+            LinearKind::Dense(_) => false,
+            LinearKind::Quantized(_) => true,
+            LinearKind::Kernel(m) => m.format() != QuantFormat::F32,
+            LinearKind::Parts(p) => p.iter().all(Linear::is_quantized),
+        }
+    }
+
+    /// Whether the products are batch-invariant: a row's result does not depend on how many
+    /// rows are computed with it (the kernels' guarantee; candle's GEMMs give none).
+    pub fn is_batch_invariant(&self) -> bool {
+        match &self.kind {
+            LinearKind::Kernel(_) => true,
+            LinearKind::Parts(p) => p.iter().all(Linear::is_batch_invariant),
+            _ => false,
+        }
     }
 
     /// Bytes of weight storage.
@@ -121,29 +240,65 @@ impl Linear {
             LinearKind::Dense(t) => t.elem_count() * 4,
             LinearKind::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             LinearKind::Quantized(_) => self.out_features * self.in_features * 4,
+            LinearKind::Kernel(m) => m.size_in_bytes(),
+            LinearKind::Parts(p) => p.iter().map(Linear::weight_bytes).sum(),
         }
     }
 
     /// Applies the map to `n` rows of `x` (`[n, in]`), returning `[n, out]`.
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
-        debug_assert_eq!(x.len(), n * self.in_features);
-        let xt = Tensor::from_slice(x, (n, self.in_features), &Device::Cpu)?;
-        let y = match &self.kind {
-            LinearKind::Dense(w) => xt.matmul(&w.t()?)?,
-            LinearKind::Quantized(q) => q.forward(&xt)?,
-        };
-        let mut y = y.flatten_all()?.to_vec1::<f32>()?;
+        let mut y = vec![0f32; n * self.out_features];
+        self.forward_into(x, n, &mut y)?;
+        Ok(y)
+    }
+
+    /// Applies the map to `n` rows of `x` (`[n, in]`) into `out` (`[n, out]`). Allocates
+    /// nothing for maps run by the kernels.
+    ///
+    /// # Panics
+    /// If `x` is not `n × in` or `out` not `n × out`.
+    pub fn forward_into(&self, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        assert_eq!(x.len(), n * self.in_features, "x must be n × in");
+        assert_eq!(out.len(), n * self.out_features, "out must be n × out");
+        match &self.kind {
+            LinearKind::Kernel(m) => m.matmul(x, n, out),
+            LinearKind::Parts(parts) => {
+                let mut col = 0;
+                for p in parts {
+                    let y = p.forward(x, n)?;
+                    for (o, r) in out
+                        .chunks_exact_mut(self.out_features)
+                        .zip(y.chunks_exact(p.out_features))
+                    {
+                        o[col..col + p.out_features].copy_from_slice(r);
+                    }
+                    col += p.out_features;
+                }
+            }
+            LinearKind::Dense(_) | LinearKind::Quantized(_) => {
+                let xt = Tensor::from_slice(x, (n, self.in_features), &Device::Cpu)?;
+                let y = match &self.kind {
+                    LinearKind::Dense(w) => xt.matmul(&w.t()?)?,
+                    LinearKind::Quantized(q) => q.forward(&xt)?,
+                    _ => unreachable!(),
+                };
+                out.copy_from_slice(&y.flatten_all()?.to_vec1::<f32>()?);
+            }
+        }
         if let Some(b) = &self.bias {
-            for row in y.chunks_exact_mut(self.out_features) {
+            for row in out.chunks_exact_mut(self.out_features) {
                 for (v, bb) in row.iter_mut().zip(b) {
                     *v += bb;
                 }
             }
         }
-        Ok(y)
+        Ok(())
     }
 }
 
+fn kernel_error(e: QuantMatrixError) -> ModelError {
+    ModelError::Kernel(e)
+}
 impl Linear {
     /// The same map with a bias added.
     pub fn with_bias(mut self, bias: Vec<f32>) -> Self {

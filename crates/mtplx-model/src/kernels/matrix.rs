@@ -8,8 +8,8 @@ use super::format::{QuantFormat, TILE};
 use super::isa::{kernel, Isa};
 use super::kernel::Job;
 use super::layout::{self, Layout, Sink};
-use super::pool::Pool;
 use super::simd::scalar::Scalar;
+use mtplx_kv::pool::Pool;
 
 /// Why a weight cannot become a [`QuantMatrix`].
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +48,7 @@ struct Line([u8; 64]);
 /// A weight matrix `W` of shape `[rows, cols]` kept in its file's format, repacked into
 /// tiles of 16 rows so that one vector holds one weight of 16 rows. Computes `y = x Wᵀ`;
 /// the [module docs](crate::kernels) state the layout and the numerics contract.
+#[derive(Clone)]
 pub struct QuantMatrix {
     format: QuantFormat,
     rows: usize,

@@ -37,10 +37,10 @@ mod isa;
 mod kernel;
 mod layout;
 mod matrix;
-mod pool;
 mod simd;
 
 pub use format::{QuantFormat, TILE};
 pub use isa::Isa;
 pub use matrix::{QuantMatrix, QuantMatrixError};
-pub use pool::{Pool, DEFAULT_SPIN};
+/// The pool lives in `mtplx-kv` so the attention kernel runs on the same threads.
+pub use mtplx_kv::pool::{Pool, DEFAULT_SPIN};

@@ -1,6 +1,8 @@
-//! A small persistent thread pool for the kernels: a dispatch costs a few atomic operations
-//! (no allocation, no queue), which matters when a decode step runs ~200 products of a few
-//! microseconds each.
+//! A small persistent thread pool shared by the model's matrix kernels and the attention
+//! kernel: a dispatch costs a few atomic operations (no allocation, no queue), which matters
+//! when a decode step runs ~200 products of a few microseconds each. One pool for both means
+//! their threads never compete for the cores (a second pool, rayon's, spinning beside this
+//! one halved prefill speed).
 //!
 //! Workers spin for a short while after each job (the next product usually follows within
 //! microseconds), then sleep on a condition variable. The calling thread always takes part
@@ -67,7 +69,7 @@ impl Pool {
             .map(|index| {
                 let shared = shared.clone();
                 std::thread::Builder::new()
-                    .name(format!("mtplx-kernel-{index}"))
+                    .name(format!("mtplx-pool-{index}"))
                     .spawn(move || worker(&shared, index))
                     .expect("spawning a kernel thread")
             })

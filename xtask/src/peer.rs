@@ -1,0 +1,391 @@
+//! The peer step of `cargo xtask bench`: llama.cpp's own `llama-bench`, built from the
+//! `llama-cpp-python` sdist on PyPI, run on the same GGUF file with the same threads, in the
+//! same run as mtplx's own decode and prefill figures, so the ratios are honest and anyone
+//! can reproduce them.
+//!
+//! - The sdist is fetched with `pip download` and built once with cmake (Release, no curl,
+//!   no web UI) under `target/peer/`; later runs reuse the binary.
+//! - mtplx is measured by this same binary rebuilt in release (`peer --mtplx-only`), with
+//!   `MTPLX_THREADS` set to the same thread count: prefill of `p` tokens into an empty
+//!   cache in chunks of 512 (llama-bench's micro-batch), decode of `n` tokens from an empty
+//!   context (llama-bench's `tg`), mean of `reps` runs after one warm-up.
+//! - Memory bandwidth is measured here (all threads summing a 1 GiB buffer), and decode is
+//!   reported as GB/s of weights streamed: the model's weight bytes × tokens per second.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use mtplx_kv::CacheFactory;
+use mtplx_model::{prefill, ForwardOutput, LanguageModel, Model, Want, WeightFormat};
+
+/// The llama.cpp release the peer is built from (vendored by this sdist).
+const SDIST: &str = "llama-cpp-python==0.3.36";
+const SDIST_DIR: &str = "llama_cpp_python-0.3.36";
+
+#[derive(Args, Debug, Clone)]
+pub struct PeerArgs {
+    /// Threads for both engines.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Prompt lengths to prefill.
+    #[arg(long, value_delimiter = ',', default_values_t = [512, 2048])]
+    pub prompts: Vec<usize>,
+    /// Tokens to decode from an empty context.
+    #[arg(long, default_value_t = 128)]
+    pub gen: usize,
+    /// Repetitions of each measurement (the mean is reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Measure mtplx only and print one JSON line (what the peer step runs in release).
+    #[arg(long, hide = true)]
+    pub mtplx_only: bool,
+}
+
+impl Default for PeerArgs {
+    fn default() -> Self {
+        PeerArgs {
+            threads: 2,
+            prompts: vec![512, 2048],
+            gen: 128,
+            reps: 3,
+            mtplx_only: false,
+        }
+    }
+}
+
+/// Tokens per second of each test, keyed like llama-bench's (`pp512`, `tg128`).
+#[derive(Debug, Default)]
+struct Figures(Vec<(String, f64)>);
+
+impl Figures {
+    fn get(&self, test: &str) -> Option<f64> {
+        self.0.iter().find(|(t, _)| t == test).map(|(_, v)| *v)
+    }
+}
+
+/// Runs the peer step: builds llama-bench if needed, measures both engines and prints the
+/// comparison.
+pub fn run(model: &Path, args: &PeerArgs) -> Result<()> {
+    if args.mtplx_only {
+        let (figures, weight_bytes) = measure_mtplx(model, args)?;
+        let obj: serde_json::Map<String, serde_json::Value> = figures
+            .0
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+            .chain([("weight_bytes".to_string(), serde_json::json!(weight_bytes))])
+            .collect();
+        println!("{}", serde_json::Value::Object(obj));
+        return Ok(());
+    }
+    let bench = ensure_llama_bench()?;
+    let bandwidth = measure_bandwidth(args.threads);
+    eprintln!(
+        "[peer] memory bandwidth ({} threads): {bandwidth:.1} GB/s",
+        args.threads
+    );
+    let (ours, weight_bytes) = mtplx_in_release(model, args)?;
+    let theirs = run_llama_bench(&bench, model, args)?;
+    let tests: Vec<String> = args
+        .prompts
+        .iter()
+        .map(|p| format!("pp{p}"))
+        .chain([format!("tg{}", args.gen)])
+        .collect();
+    println!(
+        "\npeer comparison: {} , {} threads, {:.1} MB of weights per token",
+        model.display(),
+        args.threads,
+        weight_bytes as f64 / 1e6
+    );
+    println!(
+        "{:<8} {:>12} {:>12} {:>8}",
+        "test", "mtplx t/s", "llama t/s", "ratio"
+    );
+    for t in &tests {
+        let (a, b) = (ours.get(t), theirs.get(t));
+        let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        let ratio = match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+            _ => "-".into(),
+        };
+        println!("{t:<8} {:>12} {:>12} {ratio:>8}", fmt(a), fmt(b));
+    }
+    let tg = format!("tg{}", args.gen);
+    for (name, f) in [("mtplx", &ours), ("llama.cpp", &theirs)] {
+        if let Some(tps) = f.get(&tg) {
+            let gbs = tps * weight_bytes as f64 / 1e9;
+            println!(
+                "{name:<10} decode streams {gbs:.1} GB/s of weights = {:.0}% of the measured \
+                 {bandwidth:.1} GB/s",
+                100.0 * gbs / bandwidth
+            );
+        }
+    }
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {what}"))?;
+    if !status.success() {
+        bail!("{what} failed: {status}");
+    }
+    Ok(())
+}
+
+/// `target/peer/build/bin/llama-bench`, fetched and built on first use.
+fn ensure_llama_bench() -> Result<PathBuf> {
+    let dir = workspace_root().join("target/peer");
+    let bin = dir.join("build/bin/llama-bench");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let src = dir.join(SDIST_DIR);
+    if !src.join("vendor/llama.cpp/CMakeLists.txt").exists() {
+        eprintln!("[peer] fetching the {SDIST} sdist");
+        // `--no-binary` for this package only: with `:all:` pip also builds the sdist's
+        // build requirements (cmake itself) from source just to read its metadata.
+        run_cmd(
+            Command::new("python3")
+                .args(["-m", "pip", "download", "--no-deps", "--no-binary"])
+                .arg("llama-cpp-python")
+                .arg(SDIST)
+                .arg("-d")
+                .arg(&dir),
+            "pip download",
+        )?;
+        let tarball = dir.join(format!("{SDIST_DIR}.tar.gz"));
+        run_cmd(
+            Command::new("tar")
+                .arg("xzf")
+                .arg(&tarball)
+                .arg("-C")
+                .arg(&dir),
+            "unpacking the sdist",
+        )?;
+    }
+    eprintln!("[peer] building llama-bench (cmake, Release; several minutes on 2 cores)");
+    run_cmd(
+        Command::new("cmake")
+            .arg("-S")
+            .arg(src.join("vendor/llama.cpp"))
+            .arg("-B")
+            .arg(dir.join("build"))
+            .args([
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_BUILD_UI=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF",
+                "-DBUILD_SHARED_LIBS=OFF",
+            ]),
+        "cmake configure",
+    )?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    run_cmd(
+        Command::new("cmake")
+            .arg("--build")
+            .arg(dir.join("build"))
+            .args(["--config", "Release", "--target", "llama-bench", "-j"])
+            .arg(jobs.to_string()),
+        "cmake build",
+    )?;
+    if !bin.exists() {
+        bail!("the build finished but {} is missing", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Runs llama-bench (`-o csv`) and reads the mean tokens per second of each test.
+fn run_llama_bench(bin: &Path, model: &Path, args: &PeerArgs) -> Result<Figures> {
+    let prompts: Vec<String> = args.prompts.iter().map(usize::to_string).collect();
+    let out = Command::new(bin)
+        .arg("-m")
+        .arg(model)
+        .args(["-t", &args.threads.to_string()])
+        .args(["-p", &prompts.join(",")])
+        .args(["-n", &args.gen.to_string()])
+        .args(["-r", &args.reps.to_string()])
+        .args(["-o", "csv"])
+        .output()
+        .context("running llama-bench")?;
+    if !out.status.success() {
+        bail!(
+            "llama-bench failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    parse_csv(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_csv(text: &str) -> Result<Figures> {
+    let split = |l: &str| -> Vec<String> {
+        l.split(',')
+            .map(|f| f.trim().trim_matches('"').to_string())
+            .collect()
+    };
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = split(lines.next().context("llama-bench printed nothing")?);
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .with_context(|| format!("llama-bench's CSV has no `{name}` column"))
+    };
+    let (np, ng, ts) = (col("n_prompt")?, col("n_gen")?, col("avg_ts")?);
+    let mut figures = Figures::default();
+    for l in lines {
+        let f = split(l);
+        let (p, g): (usize, usize) = (f[np].parse()?, f[ng].parse()?);
+        let test = if g == 0 {
+            format!("pp{p}")
+        } else {
+            format!("tg{g}")
+        };
+        figures.0.push((test, f[ts].parse()?));
+    }
+    Ok(figures)
+}
+
+/// Runs this binary in release with `--mtplx-only` and reads its JSON line.
+fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let prompts: Vec<String> = args.prompts.iter().map(usize::to_string).collect();
+    let out = Command::new(cargo)
+        .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
+        .args(["peer", "--mtplx-only"])
+        .args(["--threads", &args.threads.to_string()])
+        .args(["--prompts", &prompts.join(",")])
+        .args(["--gen", &args.gen.to_string()])
+        .args(["--reps", &args.reps.to_string()])
+        .env("MTPLX_TEST_MODEL", model)
+        .env("MTPLX_THREADS", args.threads.to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running mtplx's measurement")?;
+    if !out.status.success() {
+        bail!("mtplx's measurement failed: {}", out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().context("no figures from mtplx")?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let obj = v.as_object().context("figures are a JSON object")?;
+    let mut figures = Figures::default();
+    let mut weight_bytes = 0;
+    for (k, v) in obj {
+        if k == "weight_bytes" {
+            weight_bytes = v.as_u64().unwrap_or(0) as usize;
+        } else if let Some(x) = v.as_f64() {
+            figures.0.push((k.clone(), x));
+        }
+    }
+    Ok((figures, weight_bytes))
+}
+
+/// A deterministic token stream that looks like text to the model.
+fn tokens(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 100 + (i * 7919) % 20_000).collect()
+}
+
+/// mtplx's own figures on the default (native) weights, in this process.
+fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
+    let model = Model::load(model_path, WeightFormat::Native)?;
+    let shape = model.config().kv_shape();
+    let mut figures = Figures::default();
+    let mean = |f: &mut dyn FnMut() -> Result<f64>| -> Result<f64> {
+        f()?; // warm-up
+        let mut sum = 0.0;
+        for _ in 0..args.reps.max(1) {
+            sum += f()?;
+        }
+        Ok(sum / args.reps.max(1) as f64)
+    };
+    for &p in &args.prompts {
+        let prompt = tokens(p);
+        let tps = mean(&mut || {
+            let mut cache = CacheFactory::contiguous().new_cache(shape);
+            let t = Instant::now();
+            prefill(&model, &prompt, cache.as_mut(), 512)?;
+            Ok(p as f64 / t.elapsed().as_secs_f64())
+        })?;
+        eprintln!("[peer] mtplx pp{p}: {tps:.1} tok/s");
+        figures.0.push((format!("pp{p}"), tps));
+    }
+    let n = args.gen;
+    let tps = mean(&mut || {
+        let mut cache = CacheFactory::contiguous().new_cache(shape);
+        let mut out = ForwardOutput::default();
+        let t = Instant::now();
+        let mut tok = 1u32;
+        for _ in 0..n {
+            model.forward_into(&[tok], cache.as_mut(), Want::Last, &mut out)?;
+            tok = mtplx_model::sampling::argmax(out.last_logits());
+        }
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    })?;
+    eprintln!("[peer] mtplx tg{n}: {tps:.1} tok/s");
+    figures.0.push((format!("tg{n}"), tps));
+    Ok((figures, model.weight_bytes()))
+}
+
+/// Read bandwidth in GB/s: `threads` threads summing disjoint parts of a 1 GiB buffer, best
+/// of three passes.
+fn measure_bandwidth(threads: usize) -> f64 {
+    let words = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let threads = threads.max(1);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = buf
+                .chunks(words.div_ceil(threads))
+                .map(|part| {
+                    s.spawn(move || {
+                        // Eight independent sums so the loop is bound by loads, not adds.
+                        let mut acc = [0u64; 8];
+                        for c in part.chunks_exact(8) {
+                            for (a, x) in acc.iter_mut().zip(c) {
+                                *a = a.wrapping_add(*x);
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("bandwidth thread"))
+                .fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_llama_bench_csv() {
+        let csv = "build_commit,n_threads,n_prompt,n_gen,avg_ts,stddev_ts\n\
+                   \"0c1e570\",\"2\",\"512\",\"0\",\"277.5\",\"1.2\"\n\
+                   \"0c1e570\",\"2\",\"0\",\"128\",\"115.25\",\"0.5\"\n";
+        let f = parse_csv(csv).unwrap();
+        assert_eq!(f.get("pp512"), Some(277.5));
+        assert_eq!(f.get("tg128"), Some(115.25));
+        assert_eq!(f.get("pp2048"), None);
+    }
+}
