@@ -52,13 +52,13 @@
 //! ```
 
 pub mod attention;
-pub mod pool;
 mod bytes;
 mod check;
 mod contiguous;
 mod error;
 mod factory;
 mod paged;
+pub mod pool;
 mod recurrent;
 mod segmented;
 
