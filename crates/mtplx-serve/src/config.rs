@@ -15,15 +15,19 @@ use crate::state::Settings;
 /// How weights are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Weights {
+    /// Kept in the file's quantized blocks and run by mtplx's own batch-invariant kernels
+    /// (the default).
+    Native,
     /// Dequantised to f32 at load.
     F32,
-    /// Kept in the file's quantized blocks.
+    /// Kept in the file's quantized blocks, run by candle's quantized matmul.
     Quantized,
 }
 
 impl From<Weights> for WeightFormat {
     fn from(w: Weights) -> Self {
         match w {
+            Weights::Native => WeightFormat::Native,
             Weights::F32 => WeightFormat::F32,
             Weights::Quantized => WeightFormat::Quantized,
         }
@@ -339,6 +343,11 @@ mod tests {
             "3",
         ]);
         assert_eq!(c.weight_format(), WeightFormat::Quantized);
+        assert_eq!(parse(&[]).weight_format(), WeightFormat::Native);
+        assert_eq!(
+            parse(&["--weights", "native"]).weight_format(),
+            WeightFormat::Native
+        );
         let s = c.settings();
         assert_eq!(s.context_window, Some(512));
         assert_eq!(s.max_active_requests, 3);
