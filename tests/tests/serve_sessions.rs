@@ -241,3 +241,49 @@ async fn a_request_that_cannot_fit_gets_507_and_the_bank_keeps_its_entries() {
     assert_eq!(last["refusal_reason"], "too_large");
     assert_eq!(last["retry_when"], "reduce_request");
 }
+
+/// Issue 9 at temperature > 0: with a fixed seed, the sampled answer is the same whether
+/// the conversation's prefix was restored from the bank or computed cold, and whether
+/// decoding was speculative or plain.
+#[tokio::test]
+async fn a_seeded_sampled_answer_does_not_depend_on_the_path() {
+    let seeded = |mut body: Value, mode: &str| {
+        body["temperature"] = json!(0.9);
+        body["top_p"] = json!(0.95);
+        body["seed"] = json!(1234);
+        body["generation_mode"] = json!(mode);
+        body
+    };
+    let state = state_with(settings());
+    let one = call(&state, with_session(&seeded(first_turn(), "mtp"), "s-1")).await;
+    let first = answer(&one.json());
+    let restored = call(
+        &state,
+        with_session(&seeded(second_turn(&first), "mtp"), "s-1"),
+    )
+    .await
+    .json();
+    assert!(
+        restored["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{restored}"
+    );
+    let cold_state = state_with(settings());
+    let cold_ar = call(
+        &cold_state,
+        post_json(CHAT, &seeded(second_turn(&first), "ar")),
+    )
+    .await
+    .json();
+    assert_eq!(
+        cold_ar["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    assert_eq!(
+        answer(&restored),
+        answer(&cold_ar),
+        "the path changed a seeded sample"
+    );
+}
