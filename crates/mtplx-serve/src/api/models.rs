@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use super::{json_response, text_response};
 use crate::body::Body;
 use crate::error::ApiError;
+use crate::metrics::{write_scalar, Kind};
 use crate::state::AppState;
 
 fn model_json(state: &AppState) -> Value {
@@ -37,11 +38,13 @@ pub fn health(state: &AppState) -> Response<Body> {
 
 pub fn metrics(state: &AppState) -> Response<Body> {
     let mut text = state.metrics().render();
-    text.push_str(&format!(
-        "# HELP mtplx_active_requests Generation requests in flight.\n\
-         # TYPE mtplx_active_requests gauge\nmtplx_active_requests {}\n",
-        state.active_requests()
-    ));
+    write_scalar(
+        &mut text,
+        Kind::Gauge,
+        "mtplx_active_requests",
+        "Generation requests in flight.",
+        state.active_requests() as u64,
+    );
     let tier = state.tier();
     let bank = tier.bank().stats();
     let mut gauges = vec![
@@ -79,9 +82,7 @@ pub fn metrics(state: &AppState) -> Response<Body> {
         ));
     }
     for (name, help, v) in gauges {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
-        ));
+        write_scalar(&mut text, Kind::Gauge, name, help, v);
     }
     let counters = [
         (
@@ -106,9 +107,7 @@ pub fn metrics(state: &AppState) -> Response<Body> {
         ),
     ];
     for (name, help, v) in counters {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
-        ));
+        write_scalar(&mut text, Kind::Counter, name, help, v);
     }
     text_response(text, "text/plain; version=0.0.4; charset=utf-8")
 }

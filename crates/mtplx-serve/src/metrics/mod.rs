@@ -20,6 +20,25 @@ const RATE_BUCKETS: &[f64] = &[
     1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
 ];
 
+/// The Prometheus type of a single-valued metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// Writes one unlabelled metric with its HELP and TYPE lines.
+pub fn write_scalar(out: &mut String, kind: Kind, name: &str, help: &str, value: u64) {
+    let kind = match kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+    };
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
+}
+
 /// Everything `/metrics` reports. Shared by the layers, the handlers and the engine.
 #[derive(Debug)]
 pub struct Metrics {
@@ -217,13 +236,20 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {}", v.load(Ordering::Relaxed));
+            write_scalar(
+                &mut out,
+                Kind::Counter,
+                name,
+                help,
+                v.load(Ordering::Relaxed),
+            );
         }
-        let _ = writeln!(
-            out,
-            "# HELP mtplx_queue_depth Jobs waiting for the engine.\n# TYPE mtplx_queue_depth gauge\nmtplx_queue_depth {}",
-            self.queued.load(Ordering::Relaxed)
+        write_scalar(
+            &mut out,
+            Kind::Gauge,
+            "mtplx_queue_depth",
+            "Jobs waiting for the engine.",
+            self.queued.load(Ordering::Relaxed),
         );
         self.ttft
             .render(&mut out, "mtplx_ttft_seconds", "Time to first token.");
@@ -240,10 +266,12 @@ impl Metrics {
         self.modes.render(&mut out);
         self.restores.render(&mut out);
         self.misses.render(&mut out);
-        let _ = writeln!(
-            out,
-            "# HELP mtplx_cached_tokens_total Prompt tokens restored instead of computed.\n# TYPE mtplx_cached_tokens_total counter\nmtplx_cached_tokens_total {}",
-            self.cached_tokens.load(Ordering::Relaxed)
+        write_scalar(
+            &mut out,
+            Kind::Counter,
+            "mtplx_cached_tokens_total",
+            "Prompt tokens restored instead of computed.",
+            self.cached_tokens.load(Ordering::Relaxed),
         );
         self.spec_drafted.render(&mut out);
         self.spec_accepted.render(&mut out);
