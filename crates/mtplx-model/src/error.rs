@@ -51,6 +51,10 @@ pub enum ModelError {
     EmptyInput,
     #[error("context full: {len} positions plus {new} new exceed the context window of {max}")]
     ContextFull { len: usize, new: usize, max: usize },
+    #[error("hybrid model: {reason}")]
+    Hybrid { reason: String },
+    #[error("no recurrent checkpoint at or below position {position}")]
+    NoCheckpoint { position: usize },
     #[error("KV cache: {0}")]
     Kv(#[from] mtplx_kv::KvError),
     #[error("weight kernel: {0}")]

@@ -24,6 +24,7 @@ pub mod chat;
 mod config;
 mod error;
 mod generate;
+pub mod hybrid;
 pub mod kernels;
 mod model;
 pub mod mtp;

@@ -1,0 +1,138 @@
+//! The shape of a hybrid model: which layers are recurrent, and every dimension.
+
+use mtplx_kv::{KvShape, RecurrentLayerShape};
+
+/// What mixes the tokens in one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// A gated delta net: a recurrent layer whose state lives in a
+    /// [`mtplx_kv::RecurrentState`].
+    GatedDeltaNet,
+    /// Causal softmax attention over a [`mtplx_kv::KvCache`].
+    FullAttention,
+}
+
+/// The dimensions of a Qwen3-Next-style hybrid decoder (field names follow Qwen3-Next's
+/// `config.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HybridConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Width of the dense SwiGLU MLP of every layer.
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    /// Every `full_attention_interval`-th layer (1-based) is full attention, the others
+    /// gated delta nets: 4 gives 3 GDN + 1 attention, repeated.
+    pub full_attention_interval: usize,
+    pub rms_norm_eps: f32,
+    /// Positions the attention layers' rotary tables cover.
+    pub context_length: usize,
+    pub rope_theta: f32,
+    /// Attention layers: query heads, K/V heads, head width.
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    /// Gated delta nets: q/k heads, v heads (a multiple of the q/k heads), their widths.
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    /// Width of the depthwise causal convolution over q, k and v.
+    pub linear_conv_kernel_dim: usize,
+}
+
+impl HybridConfig {
+    /// A small model for tests: hidden 64, vocabulary 256, 8 layers (GDN, GDN, GDN,
+    /// attention, twice).
+    pub fn tiny() -> Self {
+        HybridConfig {
+            vocab_size: 256,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 8,
+            full_attention_interval: 4,
+            rms_norm_eps: 1e-6,
+            context_length: 4096,
+            rope_theta: 10_000.0,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 16,
+            linear_num_key_heads: 2,
+            linear_num_value_heads: 4,
+            linear_key_head_dim: 16,
+            linear_value_head_dim: 16,
+            linear_conv_kernel_dim: 4,
+        }
+    }
+
+    pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        if (layer + 1).is_multiple_of(self.full_attention_interval.max(1)) {
+            LayerKind::FullAttention
+        } else {
+            LayerKind::GatedDeltaNet
+        }
+    }
+
+    /// Number of layers of `kind`.
+    pub fn count(&self, kind: LayerKind) -> usize {
+        (0..self.num_layers)
+            .filter(|&l| self.layer_kind(l) == kind)
+            .count()
+    }
+
+    /// Width of all q (or k) heads of a gated delta net.
+    pub fn linear_key_dim(&self) -> usize {
+        self.linear_num_key_heads * self.linear_key_head_dim
+    }
+
+    /// Width of all v heads of a gated delta net.
+    pub fn linear_value_dim(&self) -> usize {
+        self.linear_num_value_heads * self.linear_value_head_dim
+    }
+
+    /// Channels the convolution runs over: q, k and v side by side.
+    pub fn linear_conv_dim(&self) -> usize {
+        2 * self.linear_key_dim() + self.linear_value_dim()
+    }
+
+    /// The KV geometry of the attention layers (numbered among themselves).
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            layers: self.count(LayerKind::FullAttention),
+            kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// The state of each gated delta net (numbered among themselves): the convolution's
+    /// last `kernel - 1` inputs per channel, `[conv_dim, kernel - 1]`, and the delta rule's
+    /// matrix per v head, `[v_heads, key_head_dim, value_head_dim]`.
+    pub fn recurrent_shapes(&self) -> Vec<RecurrentLayerShape> {
+        let shape = RecurrentLayerShape {
+            conv: vec![self.linear_conv_dim(), self.linear_conv_kernel_dim - 1],
+            ssm: vec![
+                self.linear_num_value_heads,
+                self.linear_key_head_dim,
+                self.linear_value_head_dim,
+            ],
+        };
+        vec![shape; self.count(LayerKind::GatedDeltaNet)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_is_three_gdn_then_one_attention_twice() {
+        let c = HybridConfig::tiny();
+        let kinds: Vec<_> = (0..c.num_layers).map(|l| c.layer_kind(l)).collect();
+        let (g, a) = (LayerKind::GatedDeltaNet, LayerKind::FullAttention);
+        assert_eq!(kinds, [g, g, g, a, g, g, g, a]);
+        assert_eq!(c.kv_shape().layers, 2);
+        assert_eq!(c.recurrent_shapes().len(), 6);
+        assert_eq!(c.recurrent_shapes()[0].conv, [128, 3]);
+        assert_eq!(c.recurrent_shapes()[0].ssm, [4, 16, 16]);
+    }
+}
