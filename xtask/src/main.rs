@@ -7,6 +7,7 @@
 //!   the peer step alone.
 //! - `cold-bench`: the SSD tier's restore, write and overhead figures (`cold_bench.rs`).
 //! - `train-mtp`: train the default model's MTP head (`train_mtp.rs`).
+//! - `mtp-corpus`: the tokenized corpus of the GPU recipe for the MTP head (`mtp_corpus.rs`).
 
 use std::process::Command;
 
@@ -15,6 +16,7 @@ use clap::{Parser, Subcommand};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 
 mod cold_bench;
+mod mtp_corpus;
 mod peer;
 mod train_mtp;
 
@@ -31,6 +33,8 @@ enum Task {
     ColdBench(cold_bench::ColdBenchArgs),
     /// Train the MTP head of the default model by self-distillation (trunk frozen, CPU).
     TrainMtp(train_mtp::TrainArgs),
+    /// Tokenize the MTP head's training corpus for the GPU recipe (xtask/mtp_gpu).
+    MtpCorpus(mtp_corpus::CorpusArgs),
     /// Fetch and verify the default model into $MTPLX_HOME/models.
     FetchModel,
     /// Fetch the default model, then run every test of the workspace.
@@ -76,6 +80,10 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::ColdBench(args) => cold_bench::run(&args)?,
         Task::TrainMtp(args) => train_mtp::run(&fetch_model()?, &args)?,
+        Task::MtpCorpus(args) => {
+            let b = mtplx_model::Bundle::load(&fetch_model()?, mtplx_model::WeightFormat::Native)?;
+            mtp_corpus::run(&b, &args)?
+        }
         Task::Peer(args) => match std::env::var_os("MTPLX_TEST_MODEL") {
             Some(m) if args.mtplx_only => peer::run(m.as_ref(), &args)?,
             _ => peer::run(&fetch_model()?, &args)?,

@@ -14,6 +14,10 @@
 //!    token `t+2`, over a shortlist of the most frequent tokens (the drafting vocabulary),
 //!    with candle autograd and AdamW on the CPU.
 //! 4. Written as `f16` safetensors under the real `mtp.*` names plus `mtp.shortlist`.
+//!
+//! This is the CPU-scale recipe. The shipped head comes from the same idea at GPU scale,
+//! trained recursively to depth 3 (`xtask/mtp_gpu/train.py` over `cargo xtask mtp-corpus`;
+//! see `models/mtp/README.md`); `--eval-only` measures any head's acceptance here.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -62,7 +66,7 @@ pub struct TrainArgs {
 }
 
 /// Held-out chat prompts for the acceptance table (not in `CHAT_PROMPTS`).
-const EVAL_CHAT: &[&str] = &[
+pub(crate) const EVAL_CHAT: &[&str] = &[
     "Write a short paragraph about why the sky is blue.",
     "What are three good habits for learning a new language?",
     "Explain what a linked list is.",
@@ -70,7 +74,7 @@ const EVAL_CHAT: &[&str] = &[
 ];
 
 /// Held-out code-editing turns (a file in the context, the answer rewrites it).
-const EVAL_CODE: &[&str] = &[
+pub(crate) const EVAL_CODE: &[&str] = &[
     "Rename the function `area` to `rectangle_area` in this file and show the whole file.\n\n```python\ndef area(width, height):\n    \"\"\"Return the area of a rectangle.\"\"\"\n    return width * height\n\n\ndef perimeter(width, height):\n    \"\"\"Return the perimeter of a rectangle.\"\"\"\n    return 2 * (width + height)\n\n\nif __name__ == \"__main__\":\n    print(area(3, 4))\n    print(perimeter(3, 4))\n```",
     "Rename `total` to `sum` in this Rust function and show the whole function.\n\n```rust\nfn average(values: &[f64]) -> f64 {\n    let mut total = 0.0;\n    for v in values {\n        total += v;\n    }\n    total / values.len() as f64\n}\n```",
     "Add a docstring to this function and show the whole file.\n\n```python\ndef greet(name):\n    message = \"Hello, \" + name + \"!\"\n    print(message)\n    return message\n```",
@@ -134,7 +138,7 @@ const MAX_SEQ: usize = 384;
 
 /// Chat prompts whose answers the model generates (held-out prompts live in the README and
 /// the bench, not here).
-const CHAT_PROMPTS: &[&str] = &[
+pub(crate) const CHAT_PROMPTS: &[&str] = &[
     "What is the capital of France? Answer in one sentence.",
     "Explain how a hash map works to a beginner.",
     "Write a haiku about autumn leaves.",
@@ -162,19 +166,19 @@ const CHAT_PROMPTS: &[&str] = &[
 ];
 
 /// Instructions for code-editing turns; `{a}` is a name in the file, `{b}` its new name.
-const EDITS: &[&str] = &[
+pub(crate) const EDITS: &[&str] = &[
     "Rename `{a}` to `{b}` in this file and show the whole file.",
     "In the following code, rename `{a}` to `{b}`. Reply with the complete updated code.",
     "Please rewrite this file so that `{a}` is called `{b}` everywhere.",
     "Refactor: `{a}` should be named `{b}`. Show the full file after the change.",
 ];
 
-fn home() -> PathBuf {
+pub(crate) fn home() -> PathBuf {
     std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from)
 }
 
 /// Every file under `dir` whose name ends with one of `exts`, sorted.
-fn files_under(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
+pub(crate) fn files_under(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -195,7 +199,7 @@ fn files_under(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
 }
 
 /// `count` files spread evenly over the sorted list.
-fn spread(files: &[PathBuf], count: usize) -> Vec<PathBuf> {
+pub(crate) fn spread(files: &[PathBuf], count: usize) -> Vec<PathBuf> {
     if files.is_empty() || count == 0 {
         return Vec::new();
     }
@@ -204,7 +208,7 @@ fn spread(files: &[PathBuf], count: usize) -> Vec<PathBuf> {
 }
 
 /// A snippet of at most `max_lines` lines and 1,400 bytes from the middle of `text`.
-fn snippet(text: &str, max_lines: usize) -> String {
+pub(crate) fn snippet(text: &str, max_lines: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let start = lines.len().saturating_sub(max_lines) / 2;
     let mut s = String::new();
@@ -219,7 +223,7 @@ fn snippet(text: &str, max_lines: usize) -> String {
 }
 
 /// The first identifier that follows `fn `, `def `, `let ` or `struct ` in `code`.
-fn a_name(code: &str) -> Option<String> {
+pub(crate) fn a_name(code: &str) -> Option<String> {
     for kw in ["fn ", "def ", "struct ", "class ", "let "] {
         if let Some(i) = code.find(kw) {
             let name: String = code[i + kw.len()..]
@@ -234,7 +238,11 @@ fn a_name(code: &str) -> Option<String> {
     None
 }
 
-fn render(b: &Bundle, messages: Vec<ChatMessage>, generation_prompt: bool) -> Result<Vec<u32>> {
+pub(crate) fn render(
+    b: &Bundle,
+    messages: Vec<ChatMessage>,
+    generation_prompt: bool,
+) -> Result<Vec<u32>> {
     let req = ChatRequest {
         messages,
         add_generation_prompt: generation_prompt,

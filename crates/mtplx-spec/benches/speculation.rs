@@ -44,7 +44,7 @@ fn bench(c: &mut Criterion) {
         .unwrap_or_else(|| {
             mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
         });
-    let b = Bundle::load(&path, WeightFormat::F32).expect("default model");
+    let b = Bundle::load(&path, WeightFormat::Native).expect("default model");
     let model = &b.model;
     let shape = model.config().kv_shape();
     let head_path = std::env::var_os("MTPLX_MTP_HEAD")

@@ -19,6 +19,12 @@ use crate::proposer::{Draft, DraftContext, Proposer, TrunkRows};
 /// observed position scores the first draft token; each further token runs the head once
 /// more on its own output (`h'`) and the token it just drafted. Draft rows are dropped from
 /// the head's cache after each proposal, and replaced by the trunk's rows once verified.
+///
+/// Observing is lazy: rows wait in `pending` until a proposal needs them, and then go
+/// through the head in one pass. When another proposer drafts most steps
+/// ([`LookupThenMtp`] on a code edit), the head catches up on several steps' rows at once
+/// (one pass over its weights instead of one per step). The head's kernels are
+/// batch-invariant, so the drafts are the same bits either way.
 pub struct MtpProposer<'a> {
     trunk: &'a dyn LanguageModel,
     head: Arc<MtpHead>,
@@ -30,6 +36,16 @@ pub struct MtpProposer<'a> {
     newest: Option<(Vec<f32>, usize, u32)>,
     sampling: DraftSampling,
     rng: Rng,
+    /// Observed rows not yet run through the head.
+    pending: Option<Pending>,
+}
+
+/// Trunk rows waiting for the head: positions `pos..pos + next.len()`.
+#[derive(Clone)]
+struct Pending {
+    pos: usize,
+    hidden: Vec<f32>,
+    next: Vec<u32>,
 }
 
 impl<'a> MtpProposer<'a> {
@@ -52,6 +68,7 @@ impl<'a> MtpProposer<'a> {
             newest: None,
             sampling,
             rng: Rng::new(seed),
+            pending: None,
         }
     }
 
@@ -66,12 +83,43 @@ impl<'a> MtpProposer<'a> {
             newest: self.newest.clone(),
             sampling: self.sampling,
             rng: self.rng.clone(),
+            pending: self.pending.clone(),
         }
     }
 
-    /// Positions the head's cache holds.
+    /// Positions the head has observed (run or pending).
     pub fn observed(&self) -> usize {
-        self.base + self.cache.len()
+        match &self.pending {
+            Some(p) => p.pos + p.next.len(),
+            None => self.base + self.cache.len(),
+        }
+    }
+
+    /// Runs the pending rows through the head.
+    fn flush(&mut self) -> Result<()> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let n = p.next.len();
+        // Keep the cache contiguous with the new rows: drop what they replace, and start
+        // afresh after a gap (RoPE is relative, so a late start only loses context).
+        let cached = self.base + self.cache.len();
+        if p.pos < self.base || p.pos > cached {
+            self.cache.truncate(0);
+            self.base = p.pos;
+        } else {
+            self.cache.truncate(p.pos - self.base);
+        }
+        if p.pos + n > self.head.max_positions() {
+            self.newest = None;
+            return Ok(());
+        }
+        let out = self
+            .head
+            .forward(self.trunk, &p.hidden, &p.next, self.cache.as_mut(), p.pos)?;
+        let h = self.head.hidden_size();
+        self.newest = Some((out[(n - 1) * h..].to_vec(), p.pos + n - 1, p.next[n - 1]));
+        Ok(())
     }
 
     fn pick(&mut self, x: &[f32], dists: &mut Option<Vec<Distribution>>) -> Result<u32> {
@@ -97,39 +145,36 @@ impl Proposer for MtpProposer<'_> {
     }
 
     fn observe(&mut self, rows: &TrunkRows<'_>) -> Result<()> {
-        let n = rows.next.len();
-        if n == 0 {
+        if rows.next.is_empty() {
             return Ok(());
         }
-        // Keep the cache contiguous with the new rows: drop what they replace, and start
-        // afresh after a gap (RoPE is relative, so a late start only loses context).
-        if rows.pos < self.base || rows.pos > self.observed() {
-            self.cache.truncate(0);
-            self.base = rows.pos;
-        } else {
-            self.cache.truncate(rows.pos - self.base);
-        }
-        if rows.pos + n > self.head.max_positions() {
-            self.newest = None;
-            return Ok(());
-        }
-        let out = self.head.forward(
-            self.trunk,
-            rows.hidden,
-            rows.next,
-            self.cache.as_mut(),
-            rows.pos,
-        )?;
         let h = self.head.hidden_size();
-        self.newest = Some((
-            out[(n - 1) * h..].to_vec(),
-            rows.pos + n - 1,
-            rows.next[n - 1],
-        ));
+        match &mut self.pending {
+            // Continues (or rewrites the tail of) the pending rows.
+            Some(p) if rows.pos >= p.pos && rows.pos <= p.pos + p.next.len() => {
+                let keep = rows.pos - p.pos;
+                p.next.truncate(keep);
+                p.hidden.truncate(keep * h);
+                p.next.extend_from_slice(rows.next);
+                p.hidden.extend_from_slice(rows.hidden);
+            }
+            // Rows before the pending ones replace them; rows after a gap start afresh.
+            // Either way the pending rows would be dropped by the cache before use.
+            _ => {
+                self.pending = Some(Pending {
+                    pos: rows.pos,
+                    hidden: rows.hidden.to_vec(),
+                    next: rows.next.to_vec(),
+                });
+            }
+        }
+        // The newest output is stale until the pending rows are run.
+        self.newest = None;
         Ok(())
     }
 
     fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {
+        self.flush()?;
         let random = matches!(self.sampling, DraftSampling::Random(_));
         let mut draft = Draft {
             tokens: Vec::new(),
