@@ -143,8 +143,23 @@ pub struct RestoreReport {
     /// The checkpoint installed, for a hybrid entry.
     pub recurrent_at: Option<u32>,
     pub tail: bool,
+    /// How the KV blocks were read.
+    pub read_path: ReadPath,
     /// Where the time went.
     pub timings: RestoreTimings,
+}
+
+/// How a restore read its KV blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadPath {
+    /// A reader thread streamed extents from disk while the calling thread hashed them:
+    /// some blob was not in memory, or the sink lends no rows.
+    #[default]
+    Streamed,
+    /// Every block was in memory (the page cache) and the sink lent its rows: `threads`
+    /// threads shared copying extents straight into the sink while the calling thread,
+    /// one of them, hashed each extent after it was copied.
+    Resident { threads: usize },
 }
 
 /// Wall-clock time of a restore's parts, for metrics and benchmarks.
@@ -154,11 +169,13 @@ pub struct RestoreTimings {
     pub total: Duration,
     /// Manifest work: loading the entry's records, and the LRU touch after it.
     pub manifest: Duration,
-    /// How long verification and delivery held up the disk reads: the time the reader
-    /// waited for the calling thread (which hashes every extent and, for a sink without
-    /// direct rows, copies it into the sink), plus the time from the last byte read to the
-    /// last checksum checked. With direct rows, this is the checksum's cost not hidden
-    /// behind I/O.
+    /// How long verification and delivery held up the disk reads. Streamed: the time the
+    /// reader waited for the calling thread (which hashes every extent and, for a sink
+    /// without direct rows, copies it into the sink), plus the time from the last byte read
+    /// to the last checksum checked; with direct rows, the checksum's cost not hidden behind
+    /// I/O. Resident: there is no I/O to hide behind; the calling thread's hashing time divided
+    /// by the number of threads, an estimate of the checksum's share of the wall time when
+    /// the copying is shared evenly.
     pub io_stalled: Duration,
 }
 

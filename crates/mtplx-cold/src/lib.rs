@@ -45,7 +45,7 @@ pub use error::{Error, ManifestError, OpenError, ReadError, RestoreErrorKind, Wr
 pub use identity::{Identity, IdentityDigest, Mtp};
 pub use index::{
     ColdCandidate, ColdIndex, ColdLookup, ColdOff, ColdQuery, EntryId, MatchKind, MissReason,
-    RestoreReport, RestoreTimings,
+    ReadPath, RestoreReport, RestoreTimings,
 };
 pub use key::{
     block_keys, blocks_for, full_block_keys, BlockKey, StateKey, TokenHash, BLOCK_TOKENS,

@@ -1,15 +1,16 @@
-//! Both ways rows reach a sink — read straight into its own rows (`direct_rows`) or staged
-//! and handed over through `write_rows` — deliver the same, exact rows at any restore
-//! point, in several extents per block; and a block that fails its checksum after some of
-//! its rows reached the sink ends the restore with a named miss and a `discard`.
+//! Every way rows reach a sink — read straight into its own rows (`direct_rows`), streamed
+//! from disk or, when the blobs are in memory, by several threads; or staged and handed over
+//! through `write_rows` — delivers the same, exact rows at any restore point, in several
+//! extents per block; and a block that fails its checksum after some of its rows reached the
+//! sink ends the restore with a named miss and a `discard`.
 
 mod common;
 
 use common::*;
 use mtplx_cold::storage::FaultyStorage;
 use mtplx_cold::{
-    BoxError, ColdIndex, KvGeometry, KvRows, KvSink, Recurrent, RecurrentCheckpoint, SpillEntry,
-    TailState,
+    BoxError, ColdIndex, KvGeometry, KvRows, KvSink, ReadPath, Recurrent, RecurrentCheckpoint,
+    SpillEntry, TailState,
 };
 use proptest::prelude::*;
 
@@ -116,12 +117,30 @@ proptest! {
         prop_assert_eq!(direct.rows.truncated(point), want.clone());
         prop_assert_eq!(report.rows, point);
         prop_assert_eq!(report.blocks_read, point.div_ceil(256));
+        prop_assert_eq!(report.read_path, ReadPath::Streamed);
 
         let mut staged = Staged::default();
         store.restore(&hit, &mut staged).unwrap();
-        prop_assert_eq!(staged.rows.truncated(point), want);
+        prop_assert_eq!(staged.rows.truncated(point), want.clone());
         prop_assert_eq!(direct.rows.tail.is_some(), point == len);
         prop_assert!(!direct.discarded && !staged.discarded);
+
+        // The blobs in memory: a direct sink's blocks are read by several threads; a
+        // staged sink still streams.
+        st.set_resident(true);
+        let mut resident = Direct::default();
+        let r = store.restore(&hit, &mut resident).unwrap();
+        let resident_path = matches!(r.read_path, ReadPath::Resident { threads } if threads >= 1);
+        prop_assert!(resident_path, "{:?}", r.read_path);
+        prop_assert_eq!(resident.calls, 0);
+        prop_assert_eq!(resident.rows.truncated(point), want.clone());
+        prop_assert_eq!(resident.rows.tail.is_some(), point == len);
+        prop_assert_eq!((r.rows, r.blocks_read, r.bytes_read), (report.rows, report.blocks_read, report.bytes_read));
+        let mut staged = Staged::default();
+        let r = store.restore(&hit, &mut staged).unwrap();
+        prop_assert_eq!(r.read_path, ReadPath::Streamed);
+        prop_assert_eq!(staged.rows.truncated(point), want);
+        prop_assert!(!resident.discarded && !staged.discarded);
     }
 }
 
@@ -129,8 +148,9 @@ proptest! {
 /// the first) reached the sink before its checksum failed.
 #[test]
 fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
-    for direct in [true, false] {
+    for (direct, resident) in [(true, false), (false, false), (true, true)] {
         let st = FaultyStorage::new();
+        st.set_resident(resident);
         let store = open(&st, config());
         let t = tokens(700, 5);
         store.put(&wide_entry(&t)).unwrap();

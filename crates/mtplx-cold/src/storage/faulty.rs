@@ -75,6 +75,7 @@ struct Sim {
     free_space: u64,
     reads: HashMap<PathBuf, u64>,
     bytes_read: u64,
+    resident: bool,
 }
 
 /// See the module docs. Cloning shares the same file system.
@@ -125,6 +126,7 @@ impl FaultyStorage {
                 free_space: 1 << 40,
                 reads: HashMap::new(),
                 bytes_read: 0,
+                resident: false,
             })),
         }
     }
@@ -155,6 +157,12 @@ impl FaultyStorage {
 
     pub fn set_free_space(&self, bytes: u64) {
         self.lock().free_space = bytes;
+    }
+
+    /// Whether files report themselves in memory ([`StorageFile::resident`]), which
+    /// selects a restore's path for resident blobs. Off by default.
+    pub fn set_resident(&self, resident: bool) {
+        self.lock().resident = resident;
     }
 
     /// Reads of each file since the last reset (one per `read_at` call).
@@ -495,6 +503,11 @@ impl StorageFile for SimFile {
             }
             None => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
         }
+    }
+
+    fn resident(&self) -> bool {
+        let s = self.lock();
+        s.resident && s.check_alive().is_ok()
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {

@@ -163,6 +163,104 @@ impl StorageFile for FsFile {
             libc::posix_fadvise(self.0.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
         }
     }
+
+    fn resident(&self) -> bool {
+        self.size().is_ok_and(|len| resident(&self.0, len))
+    }
+}
+
+/// Whether all `len` bytes of `file` are in the page cache (Linux; `false` elsewhere):
+/// `cachestat` (Linux 6.5), else `mincore` over a mapping of the file that is never read
+/// through. Linux answers both for files the caller owns or may write to, which blobs are.
+#[cfg(target_os = "linux")]
+fn resident(file: &File, len: u64) -> bool {
+    let Ok(len) = usize::try_from(len) else {
+        return false;
+    };
+    if len == 0 {
+        return true;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let Ok(page) = usize::try_from(page) else {
+        return false;
+    };
+    let pages = len.div_ceil(page);
+    match cached_pages(file) {
+        Ok(cached) => cached >= pages as u64,
+        Err(_) => mincore_all(file, len, pages),
+    }
+}
+
+/// Pages of `file` in the page cache, from `cachestat(2)`: no mapping to set up and tear
+/// down (a `munmap` in a process with several threads costs a TLB shootdown).
+#[cfg(target_os = "linux")]
+fn cached_pages(file: &File) -> io::Result<u64> {
+    /// The same number on every architecture (the unified syscall table).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        /// 0: to the end of the file.
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: 0, len: 0 };
+    let mut stat = Stat::default();
+    // SAFETY: cachestat reads `range` and writes `stat`, both live and laid out as the
+    // kernel's `struct cachestat_range` and `struct cachestat`; flags must be 0.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.nr_cache)
+}
+
+/// Whether all `pages` pages of `file` (`len` bytes) are in memory, from `mincore(2)` over a
+/// mapping that is never read through.
+#[cfg(target_os = "linux")]
+fn mincore_all(file: &File, len: usize, pages: usize) -> bool {
+    let mut vec = vec![0u8; pages];
+    // SAFETY: a shared read-only mapping of a descriptor we hold, of the file's length; it
+    // is never dereferenced (mincore only inspects it) and is unmapped before returning.
+    // `vec` has one byte per page of the mapping, as mincore requires.
+    unsafe {
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        );
+        if map == libc::MAP_FAILED {
+            return false;
+        }
+        let rc = libc::mincore(map, len, vec.as_mut_ptr());
+        libc::munmap(map, len);
+        rc == 0 && vec.iter().all(|p| p & 1 == 1)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn resident(_: &File, _: u64) -> bool {
+    false
 }
 
 /// Drops `path`'s pages from the OS page cache (Linux; a no-op elsewhere), so the next
@@ -179,4 +277,43 @@ pub fn drop_page_cache(path: &Path) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_resident_once_written_and_not_where_it_has_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = FsStorage::open(dir.path()).unwrap();
+        let written = st.create(Path::new("written")).unwrap();
+        written.write_at(0, &vec![7u8; 1 << 20]).unwrap();
+        assert!(written.resident());
+        // Never written: its pages are in no cache.
+        let holes = st.create(Path::new("holes")).unwrap();
+        holes.set_len(1 << 20).unwrap();
+        assert!(!holes.resident());
+        // Part written, part hole.
+        holes.write_at(0, &[1u8; 4096]).unwrap();
+        assert!(!holes.resident());
+    }
+
+    /// The fallback for kernels without `cachestat` gives the same answers.
+    #[test]
+    fn mincore_agrees() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(1 << 20).unwrap();
+        assert!(!mincore_all(&f, 1 << 20, 256));
+        f.write_all_at(&vec![3u8; 1 << 20], 0).unwrap();
+        assert!(mincore_all(&f, 1 << 20, 256));
+    }
 }

@@ -44,4 +44,9 @@ pub trait StorageFile: Send + Sync + Debug {
     fn sync(&self) -> io::Result<()>;
     /// A hint that the whole file will be read soon (read-ahead).
     fn will_need(&self) {}
+    /// Whether every page of the file is in memory (the OS page cache), so reading it
+    /// waits for no disk. A hint that picks how a restore reads; `false` when unknown.
+    fn resident(&self) -> bool {
+        false
+    }
 }

@@ -5,16 +5,21 @@
 //! sink). Verification thus overlaps with I/O instead of following it; the price is that
 //! rows reach the sink before their block's checksum is known, which the sink contract
 //! covers (a failed restore calls [`KvSink::discard`]).
+//!
+//! When every block is already in memory and the sink lends its rows, there is no I/O to
+//! overlap with: `resident.rs` reads the blocks on several threads instead.
 
 use std::ops::Range;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::read::{check_header, from_le, open_blob};
+use super::resident;
 use super::Inner;
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, Descriptor, EntryBody, EntryHead};
 use crate::error::ReadError;
+use crate::index::ReadPath;
 use crate::key::{blocks_for, BLOCK_TOKENS};
 use crate::payload::{KvGeometry, KvSink};
 use crate::storage::StorageFile;
@@ -29,11 +34,13 @@ const STAGING_BUFFERS: usize = 4;
 pub(super) type Failed = (ReadError, Option<(BlobKind, [u8; 32])>);
 
 /// One layer's K and V rows of one block, in the sink.
-type LayerRows<'s> = (&'s mut [f32], &'s mut [f32]);
+pub(super) type LayerRows<'s> = (&'s mut [f32], &'s mut [f32]);
 
 /// What the blocks cost, for the restore's report.
 #[derive(Debug, Default)]
 pub(super) struct BlocksRead {
+    /// How the blocks were read.
+    pub(super) path: ReadPath,
     pub(super) blocks: usize,
     pub(super) bytes: u64,
     /// Time the reader waited for the calling thread, plus the time from the last byte
@@ -67,11 +74,11 @@ enum Piece<'s> {
 }
 
 /// The shape of a restore: which blocks, how many of their rows, in which extents.
-struct Plan {
-    g: KvGeometry,
-    row: usize,
+pub(super) struct Plan {
+    pub(super) g: KvGeometry,
+    pub(super) row: usize,
     point: usize,
-    nblocks: usize,
+    pub(super) nblocks: usize,
     entry_tokens: usize,
     layers_per_extent: usize,
 }
@@ -93,23 +100,23 @@ impl Plan {
     }
 
     /// Rows stored in block `i`.
-    fn stored(&self, i: usize) -> usize {
+    pub(super) fn stored(&self, i: usize) -> usize {
         (self.entry_tokens - i * BLOCK_TOKENS).min(BLOCK_TOKENS)
     }
 
     /// Rows of block `i` the restore delivers.
-    fn wanted(&self, i: usize) -> usize {
+    pub(super) fn wanted(&self, i: usize) -> usize {
         (self.point - i * BLOCK_TOKENS).min(BLOCK_TOKENS)
     }
 
-    fn extents(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+    pub(super) fn extents(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         let layers = self.g.layers as usize;
         (0..layers)
             .step_by(self.layers_per_extent)
             .map(move |l| l..(l + self.layers_per_extent).min(layers))
     }
 
-    fn descriptor(&self, i: usize) -> Descriptor {
+    pub(super) fn descriptor(&self, i: usize) -> Descriptor {
         Descriptor::Kv {
             geometry: self.g,
             n_tokens: self.stored(i) as u32,
@@ -152,15 +159,35 @@ pub(super) fn read_blocks(
             // The last block, when only part of it is restored, can't be read into the
             // sink (its checksum covers rows the sink has no room for): it is staged.
             let last = plan.nblocks - 1;
+            let partial = plan.wanted(last) < plan.stored(last);
+            if let Some(files) = resident_files(inner, body, &plan) {
+                return resident::read_resident(body, &plan, files, per_block, partial);
+            }
             let mut direct: Vec<_> = per_block.into_iter().map(Some).collect();
-            let partial = if plan.wanted(last) < plan.stored(last) {
-                direct[last].take()
-            } else {
-                None
+            let partial = match partial {
+                true => direct[last].take(),
+                false => None,
             };
             run(inner, body, &plan, direct, Deliver::Direct(partial))
         }
     }
+}
+
+/// The blocks' files, when every one of them opens and is in memory.
+fn resident_files(
+    inner: &Inner,
+    body: &EntryBody,
+    plan: &Plan,
+) -> Option<Vec<Box<dyn StorageFile>>> {
+    body.blocks
+        .get(..plan.nblocks)?
+        .iter()
+        .map(|key| {
+            open_blob(inner, BlobKind::KvBlock, &key.0)
+                .ok()
+                .filter(|f| f.resident())
+        })
+        .collect()
 }
 
 /// How staged rows reach the sink.

@@ -4,6 +4,7 @@ mod blocks;
 mod lookup;
 mod open;
 mod read;
+mod resident;
 mod write;
 
 use std::path::{Path, PathBuf};

@@ -137,6 +137,7 @@ fn deliver(
         bytes_read: blocks.bytes,
         recurrent_at: None,
         tail: false,
+        read_path: blocks.path,
         timings: RestoreTimings {
             io_stalled: blocks.io_stalled,
             ..RestoreTimings::default()
