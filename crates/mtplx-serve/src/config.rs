@@ -169,6 +169,13 @@ pub struct Config {
     /// the free disk].
     #[arg(long, env = "MTPLX_SSD_SESSION_CACHE_MAX_SIZE", value_parser = parse_bytes)]
     pub ssd_session_cache_max_size: Option<u64>,
+    /// Free disk below which the SSD tier starts no write [default: 10G].
+    #[arg(
+        long,
+        env = "MTPLX_SSD_SESSION_CACHE_FREE_DISK_FLOOR",
+        value_parser = parse_bytes
+    )]
+    pub ssd_session_cache_free_disk_floor: Option<u64>,
     /// Bytes the RAM session bank may hold [default: min(24G, RAM/4)].
     #[arg(long, env = "MTPLX_SESSION_BANK_MAX_BYTES", value_parser = parse_bytes)]
     pub session_bank_max_bytes: Option<u64>,
@@ -263,6 +270,7 @@ impl Config {
             t.ssd_dir = dir.clone();
         }
         t.ssd_max_bytes = self.ssd_session_cache_max_size;
+        t.ssd_free_disk_floor = self.ssd_session_cache_free_disk_floor;
         let b = &mut t.bank;
         if let Some(v) = self.session_bank_max_bytes {
             b.max_bytes = v;
@@ -375,6 +383,8 @@ mod tests {
             "60",
             "--kv-layout",
             "segmented",
+            "--ssd-session-cache-free-disk-floor",
+            "0",
         ])
         .tier_config();
         assert_eq!(t.ssd, SsdMode::WriteOnly);
@@ -384,7 +394,9 @@ mod tests {
         assert!(t.bank.max_session_bytes <= 512 << 20);
         assert_eq!(t.bank.idle_ttl, Duration::from_secs(60));
         assert_eq!(t.layout, mtplx_kv::LayoutKind::Segmented);
+        assert_eq!(t.ssd_free_disk_floor, Some(0));
         assert_eq!(parse(&[]).tier_config().ssd, SsdMode::On);
+        assert_eq!(parse(&[]).tier_config().ssd_free_disk_floor, None);
     }
 
     #[test]
