@@ -5,12 +5,17 @@ use mtplx_kv::{CacheFactory, KvCache, KvShape};
 
 use crate::convert::geometry;
 
-/// A [`KvSink`] that appends the restored rows straight into a cache built by the caller's
-/// factory: nothing is staged, so nothing of the SSD entry outlives the restore except the
-/// cache itself (and the recurrent and tail state handed over with it).
+/// A [`KvSink`] that builds the restored rows straight into a cache built by the caller's
+/// factory: nothing of the SSD entry outlives the restore except the cache itself (and the
+/// recurrent and tail state handed over with it). When the layout lends its storage
+/// ([`KvCache::append_in_place`]: a contiguous cache does), blocks are read from disk
+/// straight into it ([`KvSink::direct_rows`]); otherwise the cold tier stages them and they
+/// are appended.
 pub(crate) struct CacheSink<'a> {
     factory: &'a CacheFactory,
     shape: KvShape,
+    /// Positions the restore delivers (from `begin`).
+    rows: usize,
     pub(crate) cache: Option<Box<dyn KvCache>>,
     pub(crate) recurrent: Option<RecurrentCheckpoint>,
     pub(crate) tail: Option<TailState>,
@@ -21,6 +26,7 @@ impl<'a> CacheSink<'a> {
         CacheSink {
             factory,
             shape,
+            rows: 0,
             cache: None,
             recurrent: None,
             tail: None,
@@ -29,7 +35,7 @@ impl<'a> CacheSink<'a> {
 }
 
 impl KvSink for CacheSink<'_> {
-    fn begin(&mut self, g: KvGeometry, _rows: usize) -> Result<(), BoxError> {
+    fn begin(&mut self, g: KvGeometry, rows: usize) -> Result<(), BoxError> {
         if g != geometry(self.shape) {
             return Err(format!(
                 "stored geometry {g:?} differs from the caller's shape {:?}",
@@ -38,7 +44,12 @@ impl KvSink for CacheSink<'_> {
             .into());
         }
         self.cache = Some(self.factory.new_cache(self.shape));
+        self.rows = rows;
         Ok(())
+    }
+
+    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+        self.cache.as_mut()?.append_in_place(self.rows)
     }
 
     fn write_rows(
@@ -71,5 +82,45 @@ impl KvSink for CacheSink<'_> {
         self.cache = None;
         self.recurrent = None;
         self.tail = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: KvShape = KvShape {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 4,
+    };
+
+    #[test]
+    fn a_contiguous_cache_lends_its_rows_and_the_other_layouts_append() {
+        for (factory, lends) in [
+            (CacheFactory::contiguous(), true),
+            (CacheFactory::paged(), false),
+            (CacheFactory::segmented(), false),
+        ] {
+            let mut sink = CacheSink::new(&factory, SHAPE);
+            sink.begin(geometry(SHAPE), 3).unwrap();
+            let Some(rows) = sink.direct_rows() else {
+                assert!(!lends, "{:?}", factory.layout());
+                assert_eq!(sink.cache.as_ref().unwrap().len(), 0);
+                continue;
+            };
+            assert!(lends, "{:?}", factory.layout());
+            assert_eq!(rows.len(), 2);
+            for (l, (k, v)) in rows.into_iter().enumerate() {
+                assert_eq!((k.len(), v.len()), (12, 12));
+                k.fill(l as f32);
+                v.fill(-(l as f32));
+            }
+            let cache = sink.cache.as_ref().unwrap();
+            assert_eq!(cache.len(), 3);
+            let (mut k, mut v) = ([0.0; 12], [0.0; 12]);
+            cache.read_rows(1, 0..3, &mut k, &mut v).unwrap();
+            assert_eq!((k, v), ([1.0; 12], [-1.0; 12]));
+        }
     }
 }

@@ -31,6 +31,24 @@ struct LayerRows {
     len: usize,
 }
 
+impl LayerRows {
+    /// Cuts the buffers to the live rows and makes room for `n` more, growing by half
+    /// again (at least to what is needed) in whole chunks of `chunk` positions: amortised
+    /// O(1) per row, where growing by one chunk at a time would recopy the layer every chunk.
+    fn make_room(&mut self, n: usize, row: usize, chunk: usize) {
+        let chunk = chunk * row;
+        let live = self.len * row;
+        let need = live + n * row;
+        if need > self.k.capacity() {
+            let target = need.max(self.k.capacity() * 3 / 2).div_ceil(chunk) * chunk;
+            self.k.reserve_exact(target - self.k.len());
+            self.v.reserve_exact(target - self.v.len());
+        }
+        self.k.truncate(live);
+        self.v.truncate(live);
+    }
+}
+
 struct LayerSource<'a> {
     rows: &'a LayerRows,
     row_len: usize,
@@ -144,24 +162,39 @@ impl KvView for Contiguous {
 impl KvCache for Contiguous {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = append_rows(self.shape, layer, k, v)?;
-        let row = self.shape.row_len();
-        let chunk = self.chunk_tokens * row;
+        let (row, chunk) = (self.shape.row_len(), self.chunk_tokens);
         let rows = &mut self.layers[layer];
-        let live = rows.len * row;
-        let need = live + k.len();
-        if need > rows.k.capacity() {
-            // Grow by half again (at least to `need`), in whole chunks: amortised O(1) per
-            // row, where growing by one chunk at a time would recopy the layer every chunk.
-            let target = need.max(rows.k.capacity() * 3 / 2).div_ceil(chunk) * chunk;
-            rows.k.reserve_exact(target - rows.k.len());
-            rows.v.reserve_exact(target - rows.v.len());
-        }
-        rows.k.truncate(live);
-        rows.v.truncate(live);
+        rows.make_room(n, row, chunk);
         rows.k.extend_from_slice(k);
         rows.v.extend_from_slice(v);
         rows.len += n;
         Ok(())
+    }
+
+    fn append_in_place(&mut self, n: usize) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+        let (row, chunk) = (self.shape.row_len(), self.chunk_tokens);
+        let lent = self
+            .layers
+            .iter_mut()
+            .map(|rows| {
+                let live = rows.len * row;
+                if rows.k.capacity() == 0 {
+                    // A fresh layer: zeroed pages straight from the allocator, no memset.
+                    let target = (n * row).div_ceil(chunk * row) * chunk * row;
+                    rows.k = vec![0.0; target];
+                    rows.v = vec![0.0; target];
+                    rows.k.truncate(n * row);
+                    rows.v.truncate(n * row);
+                } else {
+                    rows.make_room(n, row, chunk);
+                    rows.k.resize(live + n * row, 0.0);
+                    rows.v.resize(live + n * row, 0.0);
+                }
+                rows.len += n;
+                (&mut rows.k[live..], &mut rows.v[live..])
+            })
+            .collect();
+        Some(lent)
     }
 
     fn attend(
@@ -240,6 +273,41 @@ mod tests {
         // 1000 rows in 4-row chunks: 250 growths one chunk at a time, a handful by 1.5x.
         assert!(capacities.len() <= 16, "{capacities:?}");
         assert!(*capacities.last().unwrap() < 1500);
+    }
+
+    #[test]
+    fn rows_written_in_place_read_back_like_appended_ones() {
+        let mut a = Contiguous::new(shape(), 4);
+        let mut b = Contiguous::new(shape(), 4);
+        for round in 0..2 {
+            // 3 positions of 2 values per layer, then (second round) 3 more after them.
+            let val = |l: usize, i: usize, v: bool| {
+                (round * 100 + l * 10 + i) as f32 + v as u8 as f32 * 0.5
+            };
+            let lent = a.append_in_place(3).expect("contiguous lends its rows");
+            assert_eq!(lent.len(), 2);
+            for (l, (k, v)) in lent.into_iter().enumerate() {
+                assert_eq!((k.len(), v.len()), (6, 6));
+                for i in 0..6 {
+                    k[i] = val(l, i, false);
+                    v[i] = val(l, i, true);
+                }
+            }
+            for l in 0..2 {
+                let k: Vec<f32> = (0..6).map(|i| val(l, i, false)).collect();
+                let v: Vec<f32> = (0..6).map(|i| val(l, i, true)).collect();
+                b.append(l, &k, &v).unwrap();
+            }
+        }
+        assert_eq!(a.len(), 6);
+        for l in 0..2 {
+            let (mut ka, mut va, mut kb, mut vb) = ([0.0; 12], [0.0; 12], [0.0; 12], [0.0; 12]);
+            a.read_rows(l, 0..6, &mut ka, &mut va).unwrap();
+            b.read_rows(l, 0..6, &mut kb, &mut vb).unwrap();
+            assert_eq!((ka, va), (kb, vb));
+        }
+        // Whole chunks, as for appends.
+        assert_eq!(a.layers[0].k.capacity() % (4 * 2), 0);
     }
 
     #[test]

@@ -173,6 +173,16 @@ pub trait KvCache: KvView {
     /// Appends `k.len() / row_len` positions to `layer`.
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError>;
 
+    /// Appends `n` zeroed positions to every layer and lends their storage, to be filled in
+    /// place: one `(k, v)` pair per layer, each `n * row_len` values, positions outermost.
+    /// Only a layout that keeps each layer's rows in one buffer can lend them; the default
+    /// (`None`, nothing appended) tells the caller to use [`KvCache::append`]. A restore
+    /// reads rows from disk straight into these slices.
+    fn append_in_place(&mut self, n: usize) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+        let _ = n;
+        None
+    }
+
     /// Causal attention of `q` (`[n_q, q_heads, head_dim]`, the newest `n_q` positions of
     /// `layer`) over the layer's rows, written to `out` (same shape).
     ///
