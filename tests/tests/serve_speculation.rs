@@ -90,3 +90,57 @@ async fn depth_zero_turns_speculation_off_and_bad_modes_are_refused() {
     assert_eq!(bad.status, 400);
     assert_eq!(bad.json()["error"]["param"], "generation_mode");
 }
+
+/// A chat answer (nothing to copy): the shipped MTP head drafts, and the text is the plain
+/// decoder's, greedy and with a fixed seed.
+fn chat_prompt(mode: &str, temperature: f64) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "Explain what a compiler does."}],
+        "max_tokens": 40,
+        "temperature": temperature,
+        "seed": 11,
+        "generation_mode": mode,
+    })
+}
+
+#[tokio::test]
+async fn the_mtp_head_drafts_through_the_server_and_changes_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.jsonl");
+    let mut s = mtplx_serve::Settings {
+        request_log: Some(log.clone()),
+        ..settings()
+    };
+    s.speculation.head = Some(mtplx_serve::config::SHIPPED_MTP_HEAD.into());
+    let state = state_with(s);
+    let text = |v: &Value| {
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    for temperature in [0.0, 0.8] {
+        let plain = call(&state, post_json(CHAT, &chat_prompt("ar", temperature))).await;
+        let spec = call(&state, post_json(CHAT, &chat_prompt("mtp", temperature))).await;
+        assert_eq!(plain.status, 200, "{}", plain.text());
+        assert_eq!(spec.status, 200, "{}", spec.text());
+        assert_eq!(
+            text(&spec.json()),
+            text(&plain.json()),
+            "temperature {temperature}"
+        );
+    }
+    let lines = log_lines(&log);
+    let greedy = &lines[1];
+    assert_eq!(greedy["proposer"], "lookup+mtp");
+    let accepted: u64 = greedy["accepted_by_depth"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_u64().unwrap())
+        .sum();
+    assert!(
+        accepted > 0,
+        "the head's drafts were never accepted on a chat answer: {greedy}"
+    );
+}

@@ -22,6 +22,9 @@ pub enum Want {
     Last,
     /// Every row (a speculative verify block).
     All,
+    /// Every row's hidden state and no logits: a prefill chunk whose rows an MTP head reads
+    /// (the output head, a fifth of a row's work here, is skipped).
+    Hidden,
 }
 
 /// What a forward pass returns for the rows the caller wanted.
@@ -441,6 +444,13 @@ impl LanguageModel for Model {
                 out.rows = 0;
                 out.logits.clear();
                 out.hidden.clear();
+                return Ok(());
+            }
+            Want::Hidden => {
+                out.rows = n;
+                out.logits.clear();
+                out.hidden.clear();
+                out.hidden.extend_from_slice(&s.x[..n * h]);
                 return Ok(());
             }
             Want::Last => n - 1,

@@ -101,6 +101,12 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 /// Serve a model over OpenAI- and Anthropic-compatible HTTP APIs.
+/// The MTP head trained for the default model (`models/mtp/README.md`).
+pub const SHIPPED_MTP_HEAD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../models/mtp/smollm2-135m-mtp.safetensors"
+);
+
 #[derive(Debug, Clone, Parser)]
 #[command(name = "mtplx-serve", version)]
 pub struct Config {
@@ -143,6 +149,11 @@ pub struct Config {
     /// Decode one token per forward pass for every request (same as `--depth 0`).
     #[arg(long, env = "MTPLX_NO_MTP")]
     pub no_mtp: bool,
+    /// The MTP head that drafts in `mtp` mode (a `.safetensors` file, or a Hugging Face
+    /// folder whose shards hold `mtp.*`), or `none` for prompt lookup alone [default: the
+    /// head shipped in this repository's models/mtp/ when the default model runs].
+    #[arg(long, env = "MTPLX_MTP_HEAD")]
+    pub mtp_head: Option<String>,
     /// How the draft depth adapts to measured acceptance.
     #[arg(
         long,
@@ -248,8 +259,25 @@ impl Config {
             speculation: Speculation {
                 depth: if self.no_mtp { 0 } else { self.depth },
                 policy: self.adaptive_policy.into(),
+                head: self.mtp_head_path(),
             },
             cache: self.tier_config(),
+        }
+    }
+
+    /// The MTP head file `--mtp-head` names, or the shipped one for the default model.
+    pub fn mtp_head_path(&self) -> Option<PathBuf> {
+        match self.mtp_head.as_deref() {
+            Some("none" | "off" | "") => None,
+            Some(path) => Some(PathBuf::from(path)),
+            None => {
+                let default_model = self.model.as_ref().is_none_or(|m| {
+                    m.file_name()
+                        .is_some_and(|n| n == mtplx_model::store::DEFAULT_MODEL.file_name)
+                });
+                let shipped = PathBuf::from(SHIPPED_MTP_HEAD);
+                (default_model && shipped.is_file()).then_some(shipped)
+            }
         }
     }
 
@@ -366,10 +394,18 @@ mod tests {
             c.settings().speculation,
             Speculation {
                 depth: 2,
-                policy: PolicyKind::ExpectedValue
+                policy: PolicyKind::ExpectedValue,
+                head: Some(PathBuf::from(SHIPPED_MTP_HEAD)),
             }
         );
         assert_eq!(parse(&["--no-mtp"]).settings().speculation.depth, 0);
+        assert_eq!(parse(&["--mtp-head", "none"]).mtp_head_path(), None);
+        assert_eq!(
+            parse(&["--mtp-head", "/h.safetensors"]).mtp_head_path(),
+            Some(PathBuf::from("/h.safetensors"))
+        );
+        // Another model gets no head unless one is named.
+        assert_eq!(parse(&["--model", "/m/other.gguf"]).mtp_head_path(), None);
         let t = parse(&[
             "--ssd-session-cache",
             "write-only",

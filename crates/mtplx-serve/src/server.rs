@@ -78,7 +78,11 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         match settings.speculation.depth {
             0 => "off".to_string(),
             d => format!(
-                "depth {d}, prompt lookup, {:?}",
+                "depth {d}, {}, {:?}",
+                settings.speculation.head.as_ref().map_or_else(
+                    || "prompt lookup".to_string(),
+                    |h| format!("prompt lookup then MTP head {}", h.display())
+                ),
                 settings.speculation.policy
             ),
         },

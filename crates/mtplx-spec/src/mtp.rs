@@ -144,6 +144,10 @@ impl Proposer for MtpProposer<'_> {
         "mtp"
     }
 
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+
     fn observe(&mut self, rows: &TrunkRows<'_>) -> Result<()> {
         if rows.next.is_empty() {
             return Ok(());
@@ -219,6 +223,10 @@ pub struct LookupThenMtp<'a> {
 impl Proposer for LookupThenMtp<'_> {
     fn name(&self) -> &'static str {
         "lookup+mtp"
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
     }
 
     fn observe(&mut self, rows: &TrunkRows<'_>) -> Result<()> {

@@ -57,6 +57,12 @@ pub trait Proposer {
         Ok(())
     }
 
+    /// Whether [`Proposer::observe`] uses the rows: a caller that prefills on its own asks
+    /// the model for the prompt's hidden rows (`Want::Hidden`) only then.
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+
     /// Drafts up to `ctx.max_len` tokens after `ctx.tokens` (fewer, or none, is fine).
     fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft>;
 }

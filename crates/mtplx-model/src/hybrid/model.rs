@@ -233,6 +233,13 @@ impl HybridModel {
         recurrent.advance(n);
         let first = match want {
             Want::Nothing => return Ok(ForwardOutput::default()),
+            Want::Hidden => {
+                return Ok(ForwardOutput {
+                    rows: n,
+                    logits: Vec::new(),
+                    hidden: x,
+                })
+            }
             Want::Last => n - 1,
             Want::All => 0,
         };

@@ -2,10 +2,17 @@
 //! prompt the cache lacks, then hand out tokens in order. Speculation only changes how many
 //! arrive per model step, never which (mtplx-spec verifies every draft against the model).
 
-use mtplx_kv::KvCache;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_model::mtp::MtpHead;
 use mtplx_model::sampling::Sampler;
 use mtplx_model::{Generator, LanguageModel};
-use mtplx_spec::{DepthPolicy, PromptLookup, Proposer, SpecDecoder, SpecStats};
+use mtplx_spec::{
+    DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptLookup, Proposer, SpecDecoder,
+    SpecStats,
+};
 
 use super::error::EngineError;
 use super::job::GenerationMode;
@@ -16,6 +23,10 @@ pub struct Speculation {
     /// Most draft tokens per verify step; 0 turns speculation off for every request.
     pub depth: usize,
     pub policy: PolicyKind,
+    /// The MTP head drafting for the model (`--mtp-head`): with one, requests draft by
+    /// prompt lookup when the context repeats itself and by the head otherwise; without,
+    /// by prompt lookup alone.
+    pub head: Option<PathBuf>,
 }
 
 impl Default for Speculation {
@@ -23,8 +34,36 @@ impl Default for Speculation {
         Speculation {
             depth: 3,
             policy: PolicyKind::None,
+            head: None,
         }
     }
+}
+
+/// The drafting proposer of one generation, or `None` for plain decoding.
+pub(super) fn proposer<'a>(
+    model: &'a dyn LanguageModel,
+    head: Option<&Arc<MtpHead>>,
+    mode: GenerationMode,
+    spec: &Speculation,
+) -> Option<Box<dyn Proposer + 'a>> {
+    if mode == GenerationMode::Ar || spec.depth == 0 {
+        return None;
+    }
+    Some(match head {
+        // Greedy drafts: at any temperature the model's own token is drawn as plain
+        // decoding would draw it, so a seeded request gives the same tokens either way.
+        Some(head) => Box::new(LookupThenMtp {
+            lookup: PromptLookup::default(),
+            mtp: MtpProposer::new(
+                model,
+                head.clone(),
+                &CacheFactory::contiguous(),
+                DraftSampling::Greedy,
+            ),
+            min_lookup: 2,
+        }),
+        None => Box::new(PromptLookup::default()),
+    })
 }
 
 /// The adaptive depth policy (`--adaptive-policy`).
@@ -56,7 +95,7 @@ pub(super) enum Decoding<'a> {
     Plain(Generator<'a>),
     Spec {
         decoder: SpecDecoder<'a>,
-        proposer: Box<dyn Proposer>,
+        proposer: Box<dyn Proposer + 'a>,
         policy: DepthPolicy,
         /// Generated tokens already handed out.
         taken: usize,
@@ -64,24 +103,25 @@ pub(super) enum Decoding<'a> {
 }
 
 impl<'a> Decoding<'a> {
-    /// Prefills what `cache` lacks of `prompt` (the cache must hold a prefix of it).
+    /// Prefills what `cache` lacks of `prompt` (the cache must hold a prefix of it), then
+    /// decodes plainly, or speculates with `proposer` (from [`proposer`]).
     pub fn start(
         model: &'a dyn LanguageModel,
         cache: &'a mut dyn KvCache,
         prompt: &[u32],
         sampler: Sampler,
         chunk: usize,
-        mode: GenerationMode,
+        proposer: Option<Box<dyn Proposer + 'a>>,
         spec: &Speculation,
     ) -> Result<Self, EngineError> {
-        if mode == GenerationMode::Ar || spec.depth == 0 {
+        let Some(proposer) = proposer else {
             return Ok(Decoding::Plain(Generator::new(
                 model, cache, prompt, sampler, chunk,
             )?));
-        }
+        };
         Ok(Decoding::Spec {
             decoder: SpecDecoder::new(model, cache, prompt, sampler, chunk)?,
-            proposer: Box::new(PromptLookup::default()),
+            proposer,
             policy: spec.policy.build(spec.depth),
             taken: 0,
         })

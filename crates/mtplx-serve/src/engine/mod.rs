@@ -25,6 +25,7 @@ use crate::cache::CacheTier;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request_log::RequestLog;
+use mtplx_model::mtp::{MtpHead, Vocab};
 
 /// Events buffered between the engine and a slow client; the engine waits beyond this, so
 /// it is never more than this many pieces of text ahead of what the client read.
@@ -62,7 +63,16 @@ impl Engine {
     ) -> std::io::Result<Engine> {
         let (tx, mut rx) =
             mpsc::channel::<(Job, mpsc::Sender<Event>)>(config.queue_capacity.max(1));
-        let mut worker = worker::Worker::new(bundle, config, tier, metrics.clone(), log);
+        // A head that does not fit the model is a startup error, not a silent fallback.
+        let mtp_head = match &config.speculation.head {
+            Some(path) if config.speculation.depth > 0 => Some(Arc::new(
+                MtpHead::load(path, &bundle.model, Vocab::FromFile).map_err(|e| {
+                    std::io::Error::other(format!("MTP head {}: {e}", path.display()))
+                })?,
+            )),
+            _ => None,
+        };
+        let mut worker = worker::Worker::new(bundle, config, mtp_head, tier, metrics.clone(), log);
         std::thread::Builder::new()
             .name("mtplx-engine".into())
             .spawn(move || {

@@ -6,11 +6,13 @@ use std::time::Instant;
 
 use mtplx_bank::Commit;
 use mtplx_kv::KvCache;
+use mtplx_model::mtp::MtpHead;
 use mtplx_model::stop::StopMatcher;
 use mtplx_model::{Bundle, LanguageModel, Want};
+use mtplx_spec::TrunkRows;
 use tokio::sync::mpsc;
 
-use super::decode::Decoding;
+use super::decode::{self, Decoding};
 use super::error::EngineError;
 use super::job::{
     prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, SpecSummary, Summary,
@@ -24,6 +26,8 @@ use crate::request_log::{Record, RequestLog};
 pub(super) struct Worker {
     pub bundle: Arc<Bundle>,
     pub config: EngineConfig,
+    /// The loaded `config.speculation.head`.
+    pub mtp_head: Option<Arc<MtpHead>>,
     pub tier: CacheTier,
     pub metrics: Arc<Metrics>,
     pub log: Option<Arc<RequestLog>>,
@@ -33,6 +37,7 @@ impl Worker {
     pub fn new(
         bundle: Arc<Bundle>,
         config: EngineConfig,
+        mtp_head: Option<Arc<MtpHead>>,
         tier: CacheTier,
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
@@ -40,6 +45,7 @@ impl Worker {
         Worker {
             bundle,
             config,
+            mtp_head,
             tier,
             metrics,
             log,
@@ -136,6 +142,7 @@ impl Worker {
             bundle,
             config,
             metrics,
+            mtp_head,
             ..
         } = self;
         let (model, tokenizer) = (&bundle.model, &bundle.tokenizer);
@@ -167,12 +174,27 @@ impl Worker {
         // Prefill the rest but the last prompt token chunk by chunk, so a client that
         // leaves during a long prefill stops it within one chunk.
         let prefill_start = Instant::now();
+        let mut proposer =
+            decode::proposer(model, mtp_head.as_ref(), job.mode, &config.speculation);
+        // An MTP head drafts from the trunk's hidden rows: it sees the prompt's as they are
+        // computed (the restored prefix has none; the head's context starts after it).
+        let hidden = proposer.as_ref().is_some_and(|p| p.wants_hidden());
+        let want = if hidden { Want::Hidden } else { Want::Nothing };
+        let mut pos = reused;
         for piece in prompt[reused..prompt.len() - 1].chunks(chunk) {
             if tx.is_closed() {
                 summary.prefill_s = prefill_start.elapsed().as_secs_f64();
                 return Ok(summary);
             }
-            model.forward(piece, cache, Want::Nothing)?;
+            let out = model.forward(piece, cache, want)?;
+            if let Some(p) = proposer.as_mut().filter(|_| hidden) {
+                p.observe(&TrunkRows {
+                    pos,
+                    hidden: &out.hidden,
+                    next: &prompt[pos + 1..pos + 1 + piece.len()],
+                })?;
+            }
+            pos += piece.len();
             summary.new_prefill_tokens += piece.len();
         }
         let mut gen = Decoding::start(
@@ -181,7 +203,7 @@ impl Worker {
             prompt,
             job.sampler.clone(),
             chunk,
-            job.mode,
+            proposer,
             &config.speculation,
         )?;
         summary.new_prefill_tokens += 1;
