@@ -31,6 +31,29 @@ impl SpecStats {
         }
     }
 
+    /// Adds `other`'s counts (several generations' totals).
+    pub fn merge(&mut self, other: &SpecStats) {
+        let depth = self
+            .drafted_by_depth
+            .len()
+            .max(other.drafted_by_depth.len());
+        self.drafted_by_depth.resize(depth, 0);
+        self.accepted_by_depth.resize(depth, 0);
+        for (i, (d, a)) in other
+            .drafted_by_depth
+            .iter()
+            .zip(&other.accepted_by_depth)
+            .enumerate()
+        {
+            self.drafted_by_depth[i] += d;
+            self.accepted_by_depth[i] += a;
+        }
+        self.verify_calls += other.verify_calls;
+        self.plain_steps += other.plain_steps;
+        self.bonus_tokens += other.bonus_tokens;
+        self.correction_tokens += other.correction_tokens;
+    }
+
     /// Mean tokens produced per verify call (accepted drafts + the sampled token).
     pub fn mean_acceptance_length(&self) -> f64 {
         if self.verify_calls == 0 {
