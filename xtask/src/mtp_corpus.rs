@@ -27,7 +27,7 @@ use mtplx_model::chat::{ChatMessage, Role};
 use mtplx_model::sampling::Sampler;
 use mtplx_model::{Bundle, Generator, LanguageModel};
 
-use crate::train_mtp::{a_name, files_under, home, render, snippet, spread, EDITS};
+use crate::train_mtp::{edit_turn, files_under, home, rename_edit, render, snippet, spread};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CorpusArgs {
@@ -296,16 +296,15 @@ pub fn run(b: &Bundle, args: &CorpusArgs) -> Result<()> {
     }
     let n_chat = prompts.len();
     for (i, (code, lang)) in src.code(args.code_prompts, 30, 0).iter().enumerate() {
-        let ask = if i % 3 == 2 {
-            let Some(a) = a_name(code) else { continue };
-            EDITS[i % EDITS.len()].replace("{a}", &a).replace(
-                "{b}",
-                &format!("{a}_{}", ["new", "v2", "renamed", "impl"][i % 4]),
-            )
+        let q = if i % 3 == 2 {
+            let Some((user, _)) = rename_edit(code, lang, i) else {
+                continue;
+            };
+            user
         } else {
-            CODE_ASKS[i % CODE_ASKS.len()].replace("{lang}", lang)
+            let ask = CODE_ASKS[i % CODE_ASKS.len()].replace("{lang}", lang);
+            format!("{ask}\n\n```{lang}\n{code}```")
         };
-        let q = format!("{ask}\n\n```{lang}\n{code}```");
         push(&mut prompts, user(q.clone())?, &q);
     }
     let n_code = prompts.len() - n_chat;
@@ -317,21 +316,9 @@ pub fn run(b: &Bundle, args: &CorpusArgs) -> Result<()> {
 
     let mut texts: Vec<Vec<u32>> = Vec::new();
     for (i, (code, lang)) in src.code(args.edit_texts, 30, 3).iter().enumerate() {
-        let Some(a) = a_name(code) else { continue };
-        let b_name = format!("{a}_{}", ["new", "v2", "renamed", "impl"][i % 4]);
-        let ask = EDITS[i % EDITS.len()]
-            .replace("{a}", &a)
-            .replace("{b}", &b_name);
-        let q = format!("{ask}\n\n```{lang}\n{code}```");
-        let answer = format!("```{lang}\n{}```", code.replace(&a, &b_name));
-        let mut ids = render(
-            b,
-            vec![
-                ChatMessage::text(Role::User, q),
-                ChatMessage::text(Role::Assistant, answer),
-            ],
-            false,
-        )?;
+        let Some(mut ids) = edit_turn(b, code, lang, i)? else {
+            continue;
+        };
         ids.truncate(MAX_TEXT * 2);
         texts.push(ids);
     }

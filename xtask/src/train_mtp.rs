@@ -238,6 +238,41 @@ pub(crate) fn a_name(code: &str) -> Option<String> {
     None
 }
 
+/// A rename request about `code` (`i` picks the wording and the new name): the user's
+/// message and the answer (the file with the rename applied); `None` when no name is found.
+pub(crate) fn rename_edit(code: &str, lang: &str, i: usize) -> Option<(String, String)> {
+    let a = a_name(code)?;
+    let b_name = format!("{a}_{}", ["new", "v2", "renamed", "impl"][i % 4]);
+    let ask = EDITS[i % EDITS.len()]
+        .replace("{a}", &a)
+        .replace("{b}", &b_name);
+    Some((
+        format!(
+            "{ask}
+
+```{lang}
+{code}```"
+        ),
+        format!(
+            "```{lang}
+{}```",
+            code.replace(&a, &b_name)
+        ),
+    ))
+}
+
+/// [`rename_edit`]'s turn in the chat template: the user asks, the assistant answers.
+pub(crate) fn edit_turn(b: &Bundle, code: &str, lang: &str, i: usize) -> Result<Option<Vec<u32>>> {
+    let Some((user, answer)) = rename_edit(code, lang, i) else {
+        return Ok(None);
+    };
+    let messages = vec![
+        ChatMessage::text(Role::User, user),
+        ChatMessage::text(Role::Assistant, answer),
+    ];
+    Ok(Some(render(b, messages, false)?))
+}
+
 pub(crate) fn render(
     b: &Bundle,
     messages: Vec<ChatMessage>,
@@ -299,21 +334,9 @@ fn corpus(b: &Bundle, args: &TrainArgs) -> Result<Vec<Vec<u32>>> {
             continue;
         };
         let code = snippet(&text, 30);
-        let Some(a) = a_name(&code) else { continue };
-        let b_name = format!("{a}_{}", ["new", "v2", "renamed", "impl"][i % 4]);
-        let ask = EDITS[i % EDITS.len()]
-            .replace("{a}", &a)
-            .replace("{b}", &b_name);
-        let user = format!("{ask}\n\n```{lang}\n{code}```");
-        let answer = format!("```{lang}\n{}```", code.replace(&a, &b_name));
-        let mut ids = render(
-            b,
-            vec![
-                ChatMessage::text(Role::User, user),
-                ChatMessage::text(Role::Assistant, answer),
-            ],
-            false,
-        )?;
+        let Some(mut ids) = edit_turn(b, &code, lang, i)? else {
+            continue;
+        };
         ids.truncate(MAX_SEQ);
         seqs.push(ids);
         made += 1;
