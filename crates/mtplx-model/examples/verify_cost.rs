@@ -41,4 +41,33 @@ fn main() {
             );
         }
     }
+    // One MTP head draft step (its layer over one row, then the shortlist's scores), after
+    // it observed the prompt: what each draft token costs.
+    let head_path = std::env::var_os("MTPLX_MTP_HEAD").map_or_else(
+        || {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/mtp/smollm2-135m-mtp.safetensors")
+        },
+        std::path::PathBuf::from,
+    );
+    let head = mtplx_model::mtp::MtpHead::load(&head_path, m, mtplx_model::mtp::Vocab::FromFile)
+        .expect("head");
+    let mut cache = CacheFactory::contiguous().new_cache(m.config().kv_shape());
+    let rows = m.forward(&prompt, cache.as_mut(), Want::Hidden).unwrap();
+    let mut hc = CacheFactory::contiguous().new_cache(head.kv_shape());
+    let h = head.hidden_size();
+    let n = prompt.len() - 1;
+    head.forward(m, &rows.hidden[..n * h], &prompt[1..], hc.as_mut(), 0)
+        .unwrap();
+    let mut best = f64::MAX;
+    for _ in 0..60 {
+        let t = Instant::now();
+        let x = head
+            .forward(m, &rows.hidden[n * h..], &[7], hc.as_mut(), n)
+            .unwrap();
+        let _ = head.logits(&x).unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+        hc.truncate(n);
+    }
+    println!("MTP draft step: {:.3} ms", best * 1e3);
 }
