@@ -1,6 +1,6 @@
 //! Decode speed of plain decoding against speculation, side by side in one run: the MTP
 //! head (`models/mtp/`) at depths 1-3, prompt lookup at depth 3, and prompt lookup falling
-//! back to the MTP head (depths 2 and 3), on three chat turns and on two code-editing turns
+//! back to the MTP head (depths 2 and 3, and the cost policy up to 3), on three chat turns and on two code-editing turns
 //! (a file in the context, the answer rewrites part of it), 48 new tokens each. All prompts
 //! are held out from the head's training. Greedy, the default model's native weights, the
 //! process's thread pool (2 threads under `cargo xtask bench`). Before the timings, one run
@@ -132,7 +132,12 @@ fn bench(c: &mut Criterion) {
                         min_lookup: 2,
                     }),
                 };
-                let mut policy = DepthPolicy::fixed(depth);
+                // `…-cost`: the cost policy, exploring depths 0..=depth by measured time.
+                let mut policy = if kind.ends_with("-cost") {
+                    DepthPolicy::cost(depth)
+                } else {
+                    DepthPolicy::fixed(depth)
+                };
                 generate(&mut d, proposer.as_mut(), &mut policy, NEW_TOKENS, &|_| {
                     false
                 })
@@ -148,6 +153,7 @@ fn bench(c: &mut Criterion) {
             ("lookup", 3),
             ("lookup+mtp", 2),
             ("lookup+mtp", 3),
+            ("lookup+mtp-cost", 3),
         ];
         // One pass outside criterion: acceptance by depth.
         for (kind, depth) in runs {
