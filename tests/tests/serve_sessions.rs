@@ -2,6 +2,7 @@
 //! (named by a header, or found by its token prefix), from the SSD tier after the bank
 //! evicted it and after a restart, and the answer is the same tokens it would be cold.
 //! A request that can't fit in memory gets a 507 with a reason and a retry hint.
+//! Seeded sampled answers are the same on every path too (issue 9).
 
 mod serve_support;
 
@@ -242,18 +243,21 @@ async fn a_request_that_cannot_fit_gets_507_and_the_bank_keeps_its_entries() {
     assert_eq!(last["retry_when"], "reduce_request");
 }
 
+/// `body` sampled at temperature 0.9 with a fixed seed, decoded plain (`ar`) or with
+/// speculation (`mtp`).
+fn seeded(mut body: Value, mode: &str) -> Value {
+    body["temperature"] = json!(0.9);
+    body["top_p"] = json!(0.95);
+    body["seed"] = json!(1234);
+    body["generation_mode"] = json!(mode);
+    body
+}
+
 /// Issue 9 at temperature > 0: with a fixed seed, the sampled answer is the same whether
 /// the conversation's prefix was restored from the bank or computed cold, and whether
 /// decoding was speculative or plain.
 #[tokio::test]
 async fn a_seeded_sampled_answer_does_not_depend_on_the_path() {
-    let seeded = |mut body: Value, mode: &str| {
-        body["temperature"] = json!(0.9);
-        body["top_p"] = json!(0.95);
-        body["seed"] = json!(1234);
-        body["generation_mode"] = json!(mode);
-        body
-    };
     let state = state_with(settings());
     let one = call(&state, with_session(&seeded(first_turn(), "mtp"), "s-1")).await;
     let first = answer(&one.json());
@@ -286,4 +290,67 @@ async fn a_seeded_sampled_answer_does_not_depend_on_the_path() {
         answer(&cold_ar),
         "the path changed a seeded sample"
     );
+}
+
+/// Issue 9 at temperature > 0 across a restart: a seeded, speculative answer whose prefix a
+/// restarted server restored from the SSD tier is the answer of a cold server decoding
+/// plainly, whatever that server's prefill chunk (1, 7, 64, 512) and KV layout.
+#[tokio::test]
+async fn a_seeded_answer_restored_from_the_ssd_after_a_restart_is_the_cold_one() {
+    use mtplx_kv::LayoutKind;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = logged(dir.path());
+    s.cache.ssd = SsdMode::On;
+    s.cache.ssd_dir = dir.path().join("ssd");
+    s.cache.ssd_free_disk_floor = Some(0);
+    // One entry in the bank: the second conversation spills the first to the SSD.
+    s.cache.bank.max_entries = 1;
+    let state = state_with(s.clone());
+    let one = call(&state, with_session(&seeded(first_turn(), "mtp"), "s-1")).await;
+    assert_eq!(one.status, 200, "{}", one.text());
+    let first = answer(&one.json());
+    let other = turn(&[("user", "Count from one to five.")], 8);
+    assert_eq!(call(&state, with_session(&other, "s-2")).await.status, 200);
+    let done = state.tier().bank().wait_for_spills();
+    assert!(done.written >= 1 && done.failed == 0, "{done:?}");
+    let weak = std::sync::Arc::downgrade(state.tier().bank());
+    drop(state);
+    serve_support::eventually("the first server to let go of its bank", || {
+        weak.upgrade().is_none()
+    })
+    .await;
+
+    let restarted = state_with(s);
+    let second = seeded(second_turn(&first), "mtp");
+    let restored = call(&restarted, with_session(&second, "s-1")).await;
+    assert_eq!(restored.status, 200, "{}", restored.text());
+    let cached = restored.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 20, "nothing restored: {}", restored.text());
+    let last = log_lines(&dir.path().join("log.jsonl")).pop().unwrap();
+    assert_eq!(last["cache_source"], "ssd", "{last}");
+
+    let cold_body = seeded(second_turn(&first), "ar");
+    for (chunk, layout) in [
+        (1, LayoutKind::Contiguous),
+        (7, LayoutKind::Paged),
+        (64, LayoutKind::Segmented),
+        (512, LayoutKind::Contiguous),
+    ] {
+        let mut cold = settings();
+        cold.prefill_chunk_tokens = chunk;
+        cold.cache.layout = layout;
+        let reply = call(&state_with(cold), post_json(CHAT, &cold_body)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(
+            reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+            0
+        );
+        assert_eq!(
+            answer(&restored.json()),
+            answer(&reply.json()),
+            "chunk {chunk}, {layout:?}: the path changed a seeded sample"
+        );
+    }
 }
