@@ -32,6 +32,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::pool::Pool;
 
+/// Bench-only attention that gives up invariance (see `mtplx-model/benches/invariance_cost.rs`).
+#[doc(hidden)]
+pub mod non_invariant;
+
 /// Keys are reduced in blocks of this many positions, aligned to absolute positions.
 pub const ATTN_BLOCK: usize = 16;
 /// The largest head dimension the kernel supports (scratch lives on the stack).

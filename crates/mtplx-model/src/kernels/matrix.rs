@@ -5,7 +5,7 @@ use std::fmt;
 use candle_core::quantized::QTensor;
 
 use super::format::{QuantFormat, TILE};
-use super::isa::{kernel, Isa};
+use super::isa::{kernel, Isa, Kernel};
 use super::kernel::Job;
 use super::layout::{self, Layout, Sink};
 use super::simd::scalar::Scalar;
@@ -248,6 +248,23 @@ impl QuantMatrix {
         }
         let kernel =
             kernel(isa, self.format).unwrap_or_else(|| panic!("{isa:?} does not run here"));
+        // SAFETY: `kernel` is this matrix's format's, and runs on this CPU.
+        unsafe { self.run_kernel(pool, kernel, x, n, out) }
+    }
+
+    /// Runs `kernel` over the product's tiles, split over `pool`'s threads.
+    ///
+    /// # Safety
+    /// `kernel` reads this matrix's format and runs on this CPU; `x` is `n × cols` and `out`
+    /// `n × rows` (checked by the callers).
+    pub(super) unsafe fn run_kernel(
+        &self,
+        pool: &Pool,
+        kernel: Kernel,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
         let job = Job {
             data: self.bytes(),
             tile_stride: self.tile_stride,
@@ -262,8 +279,8 @@ impl QuantMatrix {
         pool.run(parts, &|p| {
             let range = tiles * p / parts..tiles * (p + 1) / parts;
             // SAFETY: `job` points into `self`, `x` and `out`, which outlive `run`; the
-            // parts' tile ranges are disjoint, so their output columns are too; `kernel`
-            // was checked to run on this CPU.
+            // parts' tile ranges are disjoint, so their output columns are too; the caller
+            // guarantees that `kernel` fits the format and runs on this CPU.
             unsafe { kernel(&job, range) }
         });
     }

@@ -37,6 +37,9 @@ mod isa;
 mod kernel;
 mod layout;
 mod matrix;
+/// Bench-only kernels that give up batch invariance (see `benches/invariance_cost.rs`).
+#[doc(hidden)]
+pub mod non_invariant;
 mod simd;
 
 pub use format::{QuantFormat, TILE};
