@@ -106,11 +106,13 @@ fn rows_per_pass<S: Simd>(left: usize) -> usize {
 }
 
 /// Tiles per pass for `r` rows: enough independent accumulators to hide the FMA latency,
-/// few enough to stay in registers.
+/// few enough to stay in registers. One row takes 8 tiles: with 4, a decode step's products
+/// took 5.8 ms instead of 4.2 (`benches/kernels.rs`, `step`; see ARCHITECTURE.md).
 #[inline(always)]
 fn tiles_per_pass<S: Simd>(r: usize) -> usize {
     match (S::WIDE, r) {
-        (true, 1..=4) => 4,
+        (true, 1) => 8,
+        (true, 2..=4) => 4,
         (true, 5..=8) => 2,
         (false, 1) => 4,
         (false, 2) => 2,
@@ -156,7 +158,14 @@ pub(crate) unsafe fn run<S: Simd, L: Layout>(job: &Job, tiles: Range<usize>) {
         };
         let mut t = tiles.start;
         while t < tiles.end {
-            let c = if tiles.end - t >= c { c } else { 1 };
+            let left = tiles.end - t;
+            let c = if left >= c {
+                c
+            } else if c > 4 && left >= 4 {
+                4
+            } else {
+                1
+            };
             macro_rules! shapes {
                 ($(($cc:literal, $rr:literal)),*) => {
                     match (c, r) {
@@ -166,6 +175,7 @@ pub(crate) unsafe fn run<S: Simd, L: Layout>(job: &Job, tiles: Range<usize>) {
                 };
             }
             shapes!(
+                (8, 1),
                 (4, 1),
                 (4, 2),
                 (4, 3),

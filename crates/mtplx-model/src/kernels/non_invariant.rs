@@ -8,8 +8,9 @@
 //! behind fewer output tiles. Its bits differ from the invariant kernel's, so a decode step
 //! and a prefill chunk could each pick their fastest `P` only by giving up invariance.
 //!
-//! [`matmul_wide_rows`] is the control: the product's own order (same bits) with more
-//! output tiles per pass at one row, to tell the cost of the order from that of blocking.
+//! [`matmul_wide_rows`] is the control: the product's own order (same bits) and blocking at
+//! one row (8 tiles per pass; the product took 4 when it was written), through this
+//! module's code.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
@@ -46,8 +47,8 @@ pub fn matmul_split_chains(m: &QuantMatrix, chains: usize, x: &[f32], n: usize, 
 }
 
 /// [`QuantMatrix::matmul`]'s own order (one chain per output, so the same bits), with 8
-/// output tiles per pass over a single row of `x` instead of 4: as many independent
-/// accumulators as two chains give, without changing any reduction. Q4_0, Q4_1 and Q8_0.
+/// output tiles per pass over a single row of `x`: as many independent accumulators as two
+/// chains give, without changing any reduction. Q4_0, Q4_1 and Q8_0.
 ///
 /// # Panics
 /// If the shapes are wrong or the format is not supported.
