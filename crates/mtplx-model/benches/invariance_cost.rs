@@ -5,8 +5,8 @@
 //!
 //! Contenders for each product, at n = 1 (a decode step) and n = 512 (a prefill chunk):
 //! - `invariant`: the product kernel (one FMA chain per output, in input order);
-//! - `wide8` (n = 1): the same order and bits with 8 output tiles per pass instead of 4,
-//!   a control that separates the cost of the order from that of the blocking;
+//! - `wide8` (n = 1): the same order, bits and blocking (8 output tiles per pass at one
+//!   row) through the variants' code: a control for that code's own overheads;
 //! - `split2`, `split4`: the same kernel with 2 or 4 partial chains per output
 //!   (`kernels::non_invariant`), which another row count could have chosen differently;
 //! - `candle_q8` (n = 1): candle's quantized matmul (activations rounded to Q8, ggml's
@@ -25,8 +25,11 @@
 //! `f32` weights, with the attention kernel's own share.
 //!
 //! Criterion records each contender; a summary at the end times them interleaved (every
-//! round runs each contender once, so a change in machine load hits all of them) and prints
-//! the medians and each one's ratio to `invariant`: above 1 means slower than invariant.
+//! round runs each contender once untimed, then once timed, starting with another contender
+//! each round, so a change in machine load or cache state hits all of them; candle's are
+//! followed by a pause, so that no contender pays for rayon's
+//! spinning threads) and prints the medians and each one's ratio to `invariant`: above 1
+//! means slower than invariant.
 //!
 //! `cargo bench -p mtplx-model --bench invariance_cost [-- filter]` (a filter such as
 //! `invariance_cost_attention/` also limits the summaries); `MTPLX_THREADS` sets the pool.
@@ -297,11 +300,21 @@ fn products(c: &mut Criterion) {
             case.run(who, &x, &xt, &mut out);
         }
         let mut t: Vec<Vec<f64>> = vec![Vec::new(); case.who.len()];
-        for _ in 0..rounds {
-            for (i, &who) in case.who.iter().enumerate() {
+        for round in 0..rounds {
+            // Each round starts with another contender: whatever the one before leaves in the
+            // caches (candle's f32 weights evict them) does not always hit the same one.
+            for k in 0..case.who.len() {
+                let i = (round + k) % case.who.len();
+                let who = case.who[i];
+                // Untimed first: wakes this contender's threads.
+                case.run(who, &x, &xt, &mut out);
                 let s = Instant::now();
                 case.run(who, &x, &xt, &mut out);
                 t[i].push(s.elapsed().as_secs_f64() * 1e6 / case.reps as f64);
+                if matches!(who, Who::CandleQ8 | Who::CandleF32) {
+                    // Let rayon's workers go to sleep before our pool runs again.
+                    std::thread::sleep(Duration::from_millis(20));
+                }
             }
         }
         let med: Vec<f64> = t.iter_mut().map(|v| median(v)).collect();
