@@ -243,14 +243,18 @@ fn cases() -> Vec<Case> {
     out
 }
 
-/// Whether the command line's filter (criterion's: a substring of the benchmark id) selects
-/// `group`: a group not selected skips its set-up and summary too.
+/// Whether the command line's filter (criterion's: a substring of the benchmark id) may
+/// select something in `group` (`invariance_cost/`, `invariance_cost/step`): a group not
+/// selected skips its set-up and summary too.
 fn wanted(group: &str) -> bool {
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()))
+    filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| group.contains(f.as_str()) || f.starts_with(group))
 }
 
 fn median(v: &mut [f64]) -> f64 {
