@@ -154,12 +154,14 @@ pub struct Config {
     /// head shipped in this repository's models/mtp/ when the default model runs].
     #[arg(long, env = "MTPLX_MTP_HEAD")]
     pub mtp_head: Option<String>,
-    /// How the draft depth adapts to measured acceptance.
+    /// How the draft depth adapts: `cost` (the default) drafts the depth (0 to `--depth`)
+    /// with the most tokens per measured second, so speculation that does not pay on this
+    /// machine falls back to plain steps; `none` always drafts `--depth` tokens.
     #[arg(
         long,
         env = "MTPLX_ADAPTIVE_POLICY",
         value_enum,
-        default_value = "none"
+        default_value = "cost"
     )]
     pub adaptive_policy: AdaptivePolicy,
     /// The KV layout the engine decodes in (restores are built in it).
@@ -389,6 +391,7 @@ mod tests {
         assert_eq!(s.max_active_requests, 3);
         assert_eq!(s.request_log, None);
         assert_eq!(s.speculation.depth, 3);
+        assert_eq!(s.speculation.policy, PolicyKind::Cost);
         let c = parse(&["--depth", "2", "--adaptive-policy", "expected_value"]);
         assert_eq!(
             c.settings().speculation,
