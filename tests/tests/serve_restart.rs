@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use mtplx_serve::cache::SsdMode;
 use serde_json::{json, Value};
 use serve_support::socket::fetch;
-use serve_support::{call, model_path, post_json, settings, state_with, Reply};
+use serve_support::{call, log_lines, model_path, post_json, settings, state_with, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
 const SYSTEM: &str = "You are a terse assistant. Answer in one short sentence.";
@@ -149,14 +149,6 @@ async fn eventually_async<F: std::future::Future<Output = bool>>(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn log_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[tokio::test]

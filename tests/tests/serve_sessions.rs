@@ -11,7 +11,7 @@ use std::path::Path;
 use mtplx_serve::cache::SsdMode;
 use mtplx_serve::Settings;
 use serde_json::{json, Value};
-use serve_support::{call, post_json, settings, state_with};
+use serve_support::{call, log_lines, post_json, settings, state_with};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -28,14 +28,6 @@ fn with_session(body: &Value, session: &str) -> http::Request<http_body_util::Fu
     r.headers_mut()
         .insert("x-mtplx-session-id", session.parse().unwrap());
     r
-}
-
-fn log_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn answer(v: &Value) -> String {

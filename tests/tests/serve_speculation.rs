@@ -4,7 +4,7 @@
 mod serve_support;
 
 use serde_json::{json, Value};
-use serve_support::{call, post_json, settings, state_with};
+use serve_support::{call, log_lines, post_json, settings, state_with};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -18,14 +18,6 @@ fn copy_prompt(mode: &str) -> Value {
         "temperature": 0,
         "generation_mode": mode,
     })
-}
-
-fn log_lines(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[tokio::test]

@@ -86,6 +86,15 @@ impl Reply {
     }
 }
 
+/// The request log's records (none if the file is not there yet).
+pub fn log_lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 pub fn sse_data(text: &str) -> Vec<Value> {
     text.split("\n\n")
         .filter_map(|event| {
