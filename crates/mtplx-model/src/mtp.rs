@@ -31,15 +31,24 @@ use crate::ops::{self, Rope};
 use crate::source::{HfSource, TensorRole, WeightSource};
 use crate::weights::{Linear, RawWeight, WeightFormat};
 
-/// A head weight for the native kernels, stored as `format`: the head's own weights as
-/// `F16` (what the checkpoint holds: exact, half the bytes of `f32`), the shortlisted output
-/// rows as `Q8_0` (the trunk's tied table is `Q8_0`, and requantizing its dequantized rows
-/// gives back the same blocks). A draft step then streams about 13 MB instead of 36 MB of
-/// dense `f32`, and runs on the trunk's thread pool instead of candle's `f32` matmul.
+/// A head weight for the native kernels, stored as `format` when that holds its values
+/// exactly, as `f32` otherwise: the head's own weights as `F16` (what the shipped checkpoint
+/// holds: half the bytes of `f32`), the shortlisted output rows as `Q8_0` (the default
+/// trunk's tied table is `Q8_0`, and requantizing its dequantized rows gives back the same
+/// blocks). A draft step then streams about 13 MB instead of 36 MB of dense `f32`, and
+/// runs on the trunk's thread pool instead of candle's `f32` matmul. A head or trunk whose
+/// values the smaller format would round keeps them in `f32`, so the head computes what it
+/// was trained to whatever the files hold.
 fn kernel(w: RawWeight, format: GgmlDType) -> Result<Linear> {
     let dense = w.to_dense()?;
     let q = QTensor::quantize(&dense, format)?;
-    Linear::new(RawWeight::Quant(q), WeightFormat::Native)
+    let exact = q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?
+        == dense.flatten_all()?.to_vec1::<f32>()?;
+    if exact {
+        Linear::new(RawWeight::Quant(q), WeightFormat::Native)
+    } else {
+        Linear::new(RawWeight::Dense(dense), WeightFormat::Native)
+    }
 }
 
 /// Prefix of every MTP tensor.
