@@ -42,7 +42,10 @@ use crate::weights::{Linear, RawWeight, WeightFormat};
 fn kernel(w: RawWeight, format: GgmlDType) -> Result<Linear> {
     let dense = w.to_dense()?;
     let q = QTensor::quantize(&dense, format)?;
-    let exact = q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?
+    let exact = q
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
         == dense.flatten_all()?.to_vec1::<f32>()?;
     if exact {
         Linear::new(RawWeight::Quant(q), WeightFormat::Native)
