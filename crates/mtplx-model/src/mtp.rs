@@ -195,30 +195,7 @@ impl WeightSource for MtpFile {
         let Ok(view) = st.tensor(name) else {
             return Ok(None);
         };
-        let data = view.data();
-        let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(ModelError::UnsupportedDType {
-                    path: self.path.clone(),
-                    tensor: name.to_string(),
-                    dtype: format!("{other:?}"),
-                })
-            }
-        };
-        let t = candle_core::Tensor::from_vec(values, view.shape(), &candle_core::Device::Cpu)?;
-        Ok(Some(RawWeight::Dense(t)))
+        crate::source::dense_from_view(&self.path, name, &view).map(Some)
     }
 }
 

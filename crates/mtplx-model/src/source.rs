@@ -224,29 +224,42 @@ impl WeightSource for HfSource {
         };
         let st = SafeTensors::deserialize(mmap).map_err(|e| bad(e.to_string()))?;
         let view = st.tensor(name).map_err(|e| bad(e.to_string()))?;
-        let data = view.data();
-        let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(ModelError::UnsupportedDType {
-                    path: path.clone(),
-                    tensor: name.to_string(),
-                    dtype: format!("{other:?}"),
-                })
-            }
-        };
-        let t = Tensor::from_vec(values, view.shape(), &Device::Cpu)?;
-        Ok(Some(RawWeight::Dense(t)))
+        dense_from_view(path, name, &view).map(Some)
     }
+}
+
+/// A safetensors tensor (`F32`, `F16` or `BF16`) as a dense `f32` weight; `path` and `name`
+/// only name it in the error.
+pub(crate) fn dense_from_view(
+    path: &Path,
+    name: &str,
+    view: &safetensors::tensor::TensorView<'_>,
+) -> Result<RawWeight> {
+    let data = view.data();
+    let values: Vec<f32> = match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(ModelError::UnsupportedDType {
+                path: path.to_path_buf(),
+                tensor: name.to_string(),
+                dtype: format!("{other:?}"),
+            })
+        }
+    };
+    Ok(RawWeight::Dense(Tensor::from_vec(
+        values,
+        view.shape(),
+        &Device::Cpu,
+    )?))
 }
