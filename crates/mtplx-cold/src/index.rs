@@ -157,8 +157,8 @@ pub enum ReadPath {
     #[default]
     Streamed,
     /// Every block was in memory (the page cache) and the sink lent its rows: `threads`
-    /// threads shared copying extents straight into the sink while the calling thread,
-    /// one of them, hashed each extent after it was copied.
+    /// threads (the calling thread one of them) claimed whole blocks, each copying a block
+    /// straight into the sink and hashing its rows right after copying them.
     Resident { threads: usize },
 }
 
@@ -173,9 +173,8 @@ pub struct RestoreTimings {
     /// reader waited for the calling thread (which hashes every extent and, for a sink
     /// without direct rows, copies it into the sink), plus the time from the last byte read
     /// to the last checksum checked; with direct rows, the checksum's cost not hidden behind
-    /// I/O. Resident: there is no I/O to hide behind; the calling thread's hashing time divided
-    /// by the number of threads, an estimate of the checksum's share of the wall time when
-    /// the copying is shared evenly.
+    /// I/O. Resident: there is no I/O to hide behind; all threads' hashing time divided by the
+    /// number of threads, an estimate of the checksum's share of the wall time.
     pub io_stalled: Duration,
 }
 

@@ -7,7 +7,7 @@
 //! covers (a failed restore calls [`KvSink::discard`]).
 //!
 //! When every block is already in memory and the sink lends its rows, there is no I/O to
-//! overlap with: `resident.rs` reads the blocks on several threads instead.
+//! overlap with: `resident.rs` reads and hashes whole blocks on several threads instead.
 
 use std::ops::Range;
 use std::sync::mpsc;
