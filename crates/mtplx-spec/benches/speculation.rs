@@ -5,6 +5,10 @@
 //! are held out from the head's training. Greedy, the default model's native weights, the
 //! process's thread pool (2 threads under `cargo xtask bench`). Before the timings, one run
 //! of each prints its acceptance by depth.
+//!
+//! `MTPLX_SPEC_ROUNDS=n` replaces criterion with `n` interleaved rounds (each times plain
+//! and every variant once, in a rotating order) and prints each variant's median and its
+//! ratio to plain's median: a quick side-by-side figure, e.g. across `MTPLX_THREADS`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -170,6 +174,13 @@ fn bench(c: &mut Criterion) {
                 stats.mean_acceptance_length(),
             );
         }
+        if let Some(rounds) = std::env::var("MTPLX_SPEC_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse::<usize>().ok())
+        {
+            interleaved(name, rounds, &plain, &runs, &speculate);
+            continue;
+        }
         g.bench_function("plain", |bench| bench.iter(plain));
         for (kind, depth) in runs {
             g.bench_function(BenchmarkId::new(kind, depth), |bench| {
@@ -177,6 +188,46 @@ fn bench(c: &mut Criterion) {
             });
         }
         g.finish();
+    }
+}
+
+/// `rounds` rounds of plain and every variant, each round in a rotated order; prints the
+/// medians and their ratio to plain's.
+fn interleaved(
+    set: &str,
+    rounds: usize,
+    plain: &dyn Fn(),
+    runs: &[(&str, usize)],
+    speculate: &dyn Fn(&str, usize) -> SpecStats,
+) {
+    let mut times = vec![Vec::new(); runs.len() + 1];
+    for r in 0..rounds {
+        for j in 0..=runs.len() {
+            let v = (j + r) % (runs.len() + 1);
+            let t = std::time::Instant::now();
+            match v {
+                0 => plain(),
+                _ => {
+                    let (kind, depth) = runs[v - 1];
+                    speculate(kind, depth);
+                }
+            }
+            times[v].push(t.elapsed().as_secs_f64());
+        }
+    }
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let base = median(&mut times[0]);
+    eprintln!("[{set}] plain: {:.1} ms (median of {rounds})", base * 1e3);
+    for (v, (kind, depth)) in runs.iter().enumerate() {
+        let m = median(&mut times[v + 1]);
+        eprintln!(
+            "[{set}] {kind}/{depth}: {:.1} ms, {:.2}x plain",
+            m * 1e3,
+            base / m
+        );
     }
 }
 
