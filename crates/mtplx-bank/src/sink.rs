@@ -1,7 +1,7 @@
 //! Building the caller's cache from an SSD restore, through the caller's factory.
 
 use mtplx_cold::{BoxError, KvGeometry, KvSink, RecurrentCheckpoint, TailState};
-use mtplx_kv::{CacheFactory, KvCache, KvShape};
+use mtplx_kv::{CacheFactory, KvCache, KvShape, LayoutKind};
 
 use crate::convert::geometry;
 
@@ -49,7 +49,18 @@ impl KvSink for CacheSink<'_> {
     }
 
     fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
-        self.cache.as_mut()?.append_in_place(self.rows)
+        let cache = self.cache.as_mut()?;
+        // The cold tier takes one slice per layer: only a contiguous layer lends one.
+        if cache.layout() != LayoutKind::Contiguous {
+            return None;
+        }
+        let lent = cache.append_in_place(self.rows)?;
+        lent.into_iter()
+            .map(|layer| {
+                let [piece] = <[_; 1]>::try_from(layer.pieces).ok()?;
+                Some((piece.k, piece.v))
+            })
+            .collect()
     }
 
     fn write_rows(

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use crate::attention::{self, RowSource};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
-use crate::{BufferId, KvCache, KvError, KvShape, KvView, LayoutKind};
+use crate::{BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece};
 
 /// Per-layer contiguous K and V buffers, grown in chunks of positions.
 ///
@@ -171,7 +171,8 @@ impl KvCache for Contiguous {
         Ok(())
     }
 
-    fn append_in_place(&mut self, n: usize) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+    /// One piece per layer: the new rows sit after the old ones in the layer's buffers.
+    fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
         let (row, chunk) = (self.shape.row_len(), self.chunk_tokens);
         let lent = self
             .layers
@@ -190,8 +191,15 @@ impl KvCache for Contiguous {
                     rows.k.resize(live + n * row, 0.0);
                     rows.v.resize(live + n * row, 0.0);
                 }
+                let positions = rows.len..rows.len + n;
                 rows.len += n;
-                (&mut rows.k[live..], &mut rows.v[live..])
+                LentLayer {
+                    pieces: vec![LentPiece {
+                        positions,
+                        k: &mut rows.k[live..],
+                        v: &mut rows.v[live..],
+                    }],
+                }
             })
             .collect();
         Some(lent)
@@ -286,7 +294,11 @@ mod tests {
             };
             let lent = a.append_in_place(3).expect("contiguous lends its rows");
             assert_eq!(lent.len(), 2);
-            for (l, (k, v)) in lent.into_iter().enumerate() {
+            for (l, mut layer) in lent.into_iter().enumerate() {
+                let [LentPiece { positions, k, v }] = &mut layer.pieces[..] else {
+                    panic!("one piece per layer");
+                };
+                assert_eq!(*positions, round * 3..round * 3 + 3);
                 assert_eq!((k.len(), v.len()), (6, 6));
                 for i in 0..6 {
                     k[i] = val(l, i, false);

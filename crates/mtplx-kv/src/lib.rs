@@ -57,6 +57,7 @@ mod check;
 mod contiguous;
 mod error;
 mod factory;
+mod lend;
 mod paged;
 pub mod pool;
 mod recurrent;
@@ -66,6 +67,7 @@ pub use bytes::{footprint, BufferId};
 pub use contiguous::Contiguous;
 pub use error::KvError;
 pub use factory::CacheFactory;
+pub use lend::{LentLayer, LentPiece};
 pub use paged::{BlockPool, Paged, PoolStats};
 pub use recurrent::{RecurrentLayerShape, RecurrentSnapshot, RecurrentState};
 pub use segmented::Segmented;
@@ -174,11 +176,16 @@ pub trait KvCache: KvView {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError>;
 
     /// Appends `n` zeroed positions to every layer and lends their storage, to be filled in
-    /// place: one `(k, v)` pair per layer, each `n * row_len` values, positions outermost.
-    /// Only a layout that keeps each layer's rows in one buffer can lend them; the default
-    /// (`None`, nothing appended) tells the caller to use [`KvCache::append`]. A restore
-    /// reads rows from disk straight into these slices.
-    fn append_in_place(&mut self, n: usize) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+    /// place: one [`LentLayer`] per layer, in layer order, whose pieces cover exactly the
+    /// `n` new positions of that layer, in order (a layer kept in several buffers, pages or
+    /// segments, lends one piece per buffer). Writing a piece's rows is what
+    /// [`KvCache::append`] of the same rows would have stored. A restore reads rows from
+    /// disk straight into the pieces.
+    ///
+    /// Every layout here lends. The default (`None`, nothing appended) is for a layout
+    /// whose storage can't be lent as `f32` slices; the caller then uses
+    /// [`KvCache::append`].
+    fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
         let _ = n;
         None
     }

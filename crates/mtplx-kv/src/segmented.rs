@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use crate::attention::{self, RowSource, ATTN_BLOCK};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
-use crate::{BufferId, CacheFactory, KvCache, KvError, KvShape, KvView, LayoutKind};
+use crate::{
+    BufferId, CacheFactory, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
+};
 
 /// The smallest allocation for a new tail, in positions.
 const MIN_TAIL_ROWS: usize = ATTN_BLOCK;
@@ -77,10 +79,41 @@ impl Segment {
     }
 }
 
+impl Rows {
+    /// Room for `cap` values in K and in V, the first `len` of them zeros (from the
+    /// allocator's zeroed pages: no memset).
+    fn zeroed(cap: usize, len: usize) -> Rows {
+        let buf = || {
+            let mut b = vec![0.0; cap];
+            b.truncate(len);
+            b
+        };
+        Rows { k: buf(), v: buf() }
+    }
+}
+
+/// What a new tail starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NewTail {
+    /// No rows: the caller appends them.
+    Empty,
+    /// As many zeroed rows as the incoming positions it can take: the caller fills them in
+    /// place.
+    Zeroed,
+}
+
 impl SegLayer {
     /// The tail to write `incoming` rows into and the positions it can still take: the last
-    /// segment if this layer alone holds it and it has room, else a new one.
-    fn tail(&mut self, seg_tokens: usize, row: usize, incoming: usize) -> (&mut Segment, usize) {
+    /// segment if this layer alone holds it and it has room, else a new one (holding no
+    /// rows or, for [`NewTail::Zeroed`], the zeroed rows it will take; its `len` is 0
+    /// either way).
+    fn tail(
+        &mut self,
+        seg_tokens: usize,
+        row: usize,
+        incoming: usize,
+        new: NewTail,
+    ) -> (&mut Segment, usize) {
         // A segment ends at the next multiple of `seg_tokens` positions.
         let limit = |start: usize| seg_tokens - start % seg_tokens;
         let writable = match self.segs.last_mut() {
@@ -96,14 +129,19 @@ impl SegLayer {
             _ => false,
         };
         if !writable {
-            let cap = incoming.max(MIN_TAIL_ROWS).min(limit(self.len)) * row;
+            let room = limit(self.len);
+            let cap = incoming.max(MIN_TAIL_ROWS).min(room) * row;
+            let rows = match new {
+                NewTail::Empty => Rows {
+                    k: Vec::with_capacity(cap),
+                    v: Vec::with_capacity(cap),
+                },
+                NewTail::Zeroed => Rows::zeroed(cap, incoming.min(room) * row),
+            };
             self.segs.push(Segment {
                 start: self.len,
                 len: 0,
-                rows: Arc::new(Rows {
-                    k: Vec::with_capacity(cap),
-                    v: Vec::with_capacity(cap),
-                }),
+                rows: Arc::new(rows),
             });
         }
         let s = self.segs.last_mut().expect("a tail exists");
@@ -259,7 +297,7 @@ impl KvCache for Segmented {
         let l = &mut self.layers[layer];
         let mut done = 0;
         while done < n {
-            let (s, room) = l.tail(seg_tokens, row, n - done);
+            let (s, room) = l.tail(seg_tokens, row, n - done, NewTail::Empty);
             let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
             let take = room.min(n - done);
             let need = (s.len + take) * row;
@@ -276,6 +314,55 @@ impl KvCache for Segmented {
             done += take;
         }
         Ok(())
+    }
+
+    /// One piece per segment the new positions go to: the tail while this cache alone
+    /// holds it and it has room, then new segments, sealed at the same boundaries as
+    /// [`KvCache::append`] seals them.
+    fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
+        let (row, seg_tokens) = (self.shape.row_len(), self.segment_tokens);
+        let lent = self
+            .layers
+            .iter_mut()
+            .map(|l| {
+                let start = l.len;
+                let mut done = 0;
+                while done < n {
+                    let (s, room) = l.tail(seg_tokens, row, n - done, NewTail::Zeroed);
+                    let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
+                    let take = room.min(n - done);
+                    let need = (s.len + take) * row;
+                    if need > rows.k.capacity() {
+                        let grown = (rows.k.capacity() * 2).max(need).min((s.len + room) * row);
+                        rows.k.reserve_exact(grown - rows.k.len());
+                        rows.v.reserve_exact(grown - rows.v.len());
+                    }
+                    // A new tail already holds its zeroed rows; an old one grows by them.
+                    rows.k.resize(need, 0.0);
+                    rows.v.resize(need, 0.0);
+                    s.len += take;
+                    l.len += take;
+                    done += take;
+                }
+                let first = l.segs.partition_point(|s| s.end() <= start);
+                let pieces = l.segs[first..]
+                    .iter_mut()
+                    .filter(|s| s.len > 0)
+                    .map(|s| {
+                        let positions = start.max(s.start)..s.end();
+                        let from = (positions.start - s.start) * row;
+                        let rows = Arc::get_mut(&mut s.rows).expect("written just now");
+                        LentPiece {
+                            positions,
+                            k: &mut rows.k[from..],
+                            v: &mut rows.v[from..],
+                        }
+                    })
+                    .collect();
+                LentLayer { pieces }
+            })
+            .collect();
+        Some(lent)
     }
 
     fn attend(

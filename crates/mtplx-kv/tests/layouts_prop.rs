@@ -1,9 +1,11 @@
-//! Random append / trim / snapshot / fork / convert / restore sequences run on all three
-//! layouts at once, against a plain reference copy of the rows.
+//! Random append (copied or filled in place) / trim / snapshot / fork / convert / restore
+//! sequences run on all three layouts at once, against a plain reference copy of the rows.
 
 use std::sync::Arc;
 
-use mtplx_kv::{footprint, BlockPool, CacheFactory, KvCache, KvShape, KvView, LayoutKind};
+use mtplx_kv::{
+    footprint, BlockPool, CacheFactory, KvCache, KvShape, KvView, LayoutKind, LentLayer,
+};
 use proptest::prelude::*;
 
 const LAYOUTS: usize = 3;
@@ -70,6 +72,13 @@ enum Op {
         n: usize,
         seed: u64,
     },
+    /// Like `Append`, but the rows are written into storage the cache lends
+    /// ([`KvCache::append_in_place`]).
+    AppendInPlace {
+        seq: usize,
+        n: usize,
+        seed: u64,
+    },
     Trim {
         seq: usize,
         keep: f64,
@@ -105,6 +114,7 @@ fn op() -> impl Strategy<Value = Op> {
     let seq = 0usize..MAX_SEQS;
     prop_oneof![
         5 => (seq.clone(), 1usize..=40, any::<u64>()).prop_map(|(seq, n, seed)| Op::Append { seq, n, seed }),
+        3 => (seq.clone(), 0usize..=40, any::<u64>()).prop_map(|(seq, n, seed)| Op::AppendInPlace { seq, n, seed }),
         2 => (seq.clone(), 0.0f64..1.2).prop_map(|(seq, keep)| Op::Trim { seq, keep }),
         2 => seq.clone().prop_map(|seq| Op::Snapshot { seq }),
         2 => seq.clone().prop_map(|seq| Op::Fork { seq }),
@@ -325,6 +335,28 @@ fn run(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     s.reference.v[layer].extend_from_slice(&v);
                 }
             }
+            Op::AppendInPlace { seq, n, seed } => {
+                let at = seq % seqs.len();
+                let s = &mut seqs[at];
+                let mut rng = Rng::new(seed);
+                let start = s.reference.len(row);
+                let rows: Vec<_> = (0..layers)
+                    .map(|_| (rng.fill(n * row, 1.0), rng.fill(n * row, 1.0)))
+                    .collect();
+                for c in &mut s.caches {
+                    let layout = c.layout();
+                    let lent = c.append_in_place(n).expect("every layout lends");
+                    prop_assert_eq!(lent.len(), layers);
+                    for (layer, (k, v)) in lent.into_iter().zip(&rows) {
+                        fill_lent(layer, start, n, row, k, v)
+                            .map_err(|e| TestCaseError::fail(format!("{layout:?}: {e}")))?;
+                    }
+                }
+                for (layer, (k, v)) in rows.iter().enumerate() {
+                    s.reference.k[layer].extend_from_slice(k);
+                    s.reference.v[layer].extend_from_slice(v);
+                }
+            }
             Op::Trim { seq, keep } => {
                 let at = seq % seqs.len();
                 let s = &mut seqs[at];
@@ -427,6 +459,43 @@ fn run(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
         "every block went back to the pool"
     );
     Ok(())
+}
+
+/// Checks that `layer`'s lent pieces are zeroed and cover positions `start .. start + n` in
+/// order, then fills them with `k` and `v` (`n` rows each).
+fn fill_lent(
+    layer: LentLayer<'_>,
+    start: usize,
+    n: usize,
+    row: usize,
+    k: &[f32],
+    v: &[f32],
+) -> Result<(), String> {
+    let mut at = start;
+    for p in layer.pieces {
+        if p.positions.start != at || p.positions.end > start + n {
+            return Err(format!("piece {:?} after position {at}", p.positions));
+        }
+        let len = p.positions.len() * row;
+        if p.k.len() != len || p.v.len() != len {
+            return Err(format!(
+                "piece {:?} holds {} values",
+                p.positions,
+                p.k.len()
+            ));
+        }
+        if p.k.iter().chain(p.v.iter()).any(|x| *x != 0.0) {
+            return Err(format!("piece {:?} is not zeroed", p.positions));
+        }
+        let from = (at - start) * row;
+        p.k.copy_from_slice(&k[from..from + len]);
+        p.v.copy_from_slice(&v[from..from + len]);
+        at = p.positions.end;
+    }
+    match at == start + n {
+        true => Ok(()),
+        false => Err(format!("pieces end at {at}, not {}", start + n)),
+    }
 }
 
 /// 256 cases by default; `PROPTEST_CASES` overrides.

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use crate::attention::{self, RowSource};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
-use crate::{BufferId, CacheFactory, KvCache, KvError, KvShape, KvView, LayoutKind};
+use crate::{
+    BufferId, CacheFactory, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
+};
 
 use pool::Block;
 
@@ -42,6 +44,24 @@ struct PagedLayer {
     /// Invariant: `blocks.len() == len.div_ceil(block_tokens)`.
     blocks: Vec<Arc<Block>>,
     len: usize,
+}
+
+impl PagedLayer {
+    /// Block `bi` (which must exist), made this layer's alone: a block shared with a fork or
+    /// snapshot is replaced by a copy of its first `keep` rows.
+    fn own(&mut self, bi: usize, keep: usize, row: usize, pool: &BlockPool) -> &mut Block {
+        let slot = &mut self.blocks[bi];
+        if Arc::get_mut(slot).is_none() {
+            let mut fresh = pool.alloc(slot.k().len() * 2);
+            let (fk, fv) = Arc::get_mut(&mut fresh)
+                .expect("a fresh block is unique")
+                .kv_mut();
+            fk[..keep * row].copy_from_slice(&slot.k()[..keep * row]);
+            fv[..keep * row].copy_from_slice(&slot.v()[..keep * row]);
+            *slot = fresh;
+        }
+        Arc::get_mut(slot).expect("unique after copy-on-write")
+    }
 }
 
 struct PagedSource<'a> {
@@ -203,20 +223,8 @@ impl KvCache for Paged {
             if bi == l.blocks.len() {
                 l.blocks.push(pool.alloc(floats));
             }
-            let slot = &mut l.blocks[bi];
-            if Arc::get_mut(slot).is_none() {
-                // Shared with a fork or snapshot: copy the rows written so far.
-                let mut fresh = pool.alloc(floats);
-                let (fk, fv) = Arc::get_mut(&mut fresh)
-                    .expect("a fresh block is unique")
-                    .kv_mut();
-                fk[..off * row].copy_from_slice(&slot.k()[..off * row]);
-                fv[..off * row].copy_from_slice(&slot.v()[..off * row]);
-                *slot = fresh;
-            }
-            let (bk, bv) = Arc::get_mut(slot)
-                .expect("unique after copy-on-write")
-                .kv_mut();
+            // Shared with a fork or snapshot: copy the rows written so far.
+            let (bk, bv) = l.own(bi, off, row, pool).kv_mut();
             let take = (bt - off).min(n - done);
             let (dst, src) = (
                 off * row..(off + take) * row,
@@ -228,6 +236,52 @@ impl KvCache for Paged {
             done += take;
         }
         Ok(())
+    }
+
+    /// One piece per block the new positions touch: the rest of the partly filled last
+    /// block (copied first if it is shared, as [`KvCache::append`] does), then new blocks
+    /// from the pool.
+    fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
+        let (bt, row) = (self.block_tokens, self.shape.row_len());
+        let floats = self.block_floats();
+        let pool = &self.pool;
+        let lent = self
+            .layers
+            .iter_mut()
+            .map(|l| {
+                let (start, end) = (l.len, l.len + n);
+                let first = start / bt;
+                if n == 0 {
+                    return LentLayer { pieces: Vec::new() };
+                }
+                if start % bt != 0 {
+                    // A truncate may have left stale rows past the length.
+                    let (k, v) = l.own(first, start % bt, row, pool).kv_mut();
+                    k[(start % bt) * row..].fill(0.0);
+                    v[(start % bt) * row..].fill(0.0);
+                }
+                while l.blocks.len() < end.div_ceil(bt) {
+                    l.blocks.push(pool.alloc_zeroed(floats));
+                }
+                l.len = end;
+                let pieces = (first..)
+                    .zip(&mut l.blocks[first..])
+                    .map(|(bi, block)| {
+                        let at = bi * bt;
+                        let positions = start.max(at)..end.min(at + bt);
+                        let rows = (positions.start - at) * row..(positions.end - at) * row;
+                        let (k, v) = Arc::get_mut(block).expect("owned above").kv_mut();
+                        LentPiece {
+                            positions,
+                            k: &mut k[rows.clone()],
+                            v: &mut v[rows],
+                        }
+                    })
+                    .collect();
+                LentLayer { pieces }
+            })
+            .collect();
+        Some(lent)
     }
 
     fn attend(

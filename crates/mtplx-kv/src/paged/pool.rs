@@ -90,11 +90,29 @@ impl BlockPool {
     /// A block of `floats` values (K and V halves), reused from the free list when one of
     /// that size is there. Its contents are unspecified: callers write before they read.
     pub(crate) fn alloc(&self, floats: usize) -> Arc<Block> {
+        self.alloc_with(floats, |_| {})
+    }
+
+    /// A block of `floats` zeros: a reused block is cleared, a new one comes zeroed from the
+    /// allocator (no memset).
+    pub(crate) fn alloc_zeroed(&self, floats: usize) -> Arc<Block> {
+        self.alloc_with(floats, |data| data.fill(0.0))
+    }
+
+    /// A block of `floats` values, reused (after `reuse` on its stale values) when the free
+    /// list has one of that size, else newly allocated.
+    fn alloc_with(&self, floats: usize, reuse: impl FnOnce(&mut [f32])) -> Arc<Block> {
         let reused = {
             let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
             free.get_mut(&floats).and_then(Vec::pop)
         };
-        let data = reused.unwrap_or_else(|| vec![0f32; floats].into_boxed_slice());
+        let data = match reused {
+            Some(mut data) => {
+                reuse(&mut data);
+                data
+            }
+            None => vec![0f32; floats].into_boxed_slice(),
+        };
         self.inner.live_blocks.fetch_add(1, Ordering::Relaxed);
         self.inner
             .live_bytes
@@ -177,8 +195,13 @@ mod tests {
                 free_bytes: 32
             }
         );
-        let b = pool.alloc(8);
+        let mut b = pool.alloc(8);
         assert_eq!(b.data.as_ptr(), addr, "the freed buffer is reused");
+        Arc::get_mut(&mut b).unwrap().kv_mut().0.fill(3.0);
+        drop(b);
+        let b = pool.alloc_zeroed(8);
+        assert_eq!(b.data.as_ptr(), addr, "reused again");
+        assert_eq!(&b.data[..], [0.0; 8], "and cleared");
         let c = pool.alloc(4);
         assert_eq!(pool.stats().live_bytes, 48);
         drop((b, c));

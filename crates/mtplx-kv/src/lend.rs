@@ -1,0 +1,28 @@
+//! Storage a cache lends to be filled in place ([`crate::KvCache::append_in_place`]).
+
+use std::ops::Range;
+
+/// One layer's storage for the positions a cache has just appended, lent to be filled in
+/// place: pieces in position order, each a run of consecutive positions that one of the
+/// layer's buffers holds. A [`crate::Contiguous`] layer lends one piece, a
+/// [`crate::Paged`] layer one piece per block the positions touch, a
+/// [`crate::Segmented`] layer one per segment.
+///
+/// The pieces cover the appended positions exactly: the first starts at the layer's old
+/// length, each starts where the previous one ends, the last ends at the new length.
+#[derive(Debug)]
+pub struct LentLayer<'a> {
+    pub pieces: Vec<LentPiece<'a>>,
+}
+
+/// Consecutive positions of one layer held in one buffer: `k` and `v` hold
+/// `positions.len() * row_len` values each, positions outermost, as [`crate::KvCache::append`]
+/// takes them.
+#[derive(Debug)]
+pub struct LentPiece<'a> {
+    /// The positions, numbered as in the cache (the first appended one is the layer's old
+    /// length).
+    pub positions: Range<usize>,
+    pub k: &'a mut [f32],
+    pub v: &'a mut [f32],
+}
