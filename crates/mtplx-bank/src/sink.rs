@@ -1,16 +1,19 @@
 //! Building the caller's cache from an SSD restore, through the caller's factory.
 
-use mtplx_cold::{BoxError, KvGeometry, KvSink, RecurrentCheckpoint, TailState};
-use mtplx_kv::{CacheFactory, KvCache, KvShape, LayoutKind};
+use mtplx_cold::{
+    BoxError, DirectLayer, DirectPiece, KvGeometry, KvSink, RecurrentCheckpoint, TailState,
+};
+use mtplx_kv::{CacheFactory, KvCache, KvShape, LentLayer};
 
 use crate::convert::geometry;
 
 /// A [`KvSink`] that builds the restored rows straight into a cache built by the caller's
 /// factory: nothing of the SSD entry outlives the restore except the cache itself (and the
 /// recurrent and tail state handed over with it). When the layout lends its storage
-/// ([`KvCache::append_in_place`]: a contiguous cache does), blocks are read from disk
-/// straight into it ([`KvSink::direct_rows`]); otherwise the cold tier stages them and they
-/// are appended.
+/// ([`KvCache::append_in_place`]: every layout does, a contiguous layer in one piece, a
+/// paged one a piece per block, a segmented one a piece per segment), blocks are read from
+/// disk straight into it ([`KvSink::direct_rows`]); otherwise the cold tier stages them and
+/// they are appended.
 pub(crate) struct CacheSink<'a> {
     factory: &'a CacheFactory,
     shape: KvShape,
@@ -48,19 +51,11 @@ impl KvSink for CacheSink<'_> {
         Ok(())
     }
 
-    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
-        let cache = self.cache.as_mut()?;
-        // The cold tier takes one slice per layer: only a contiguous layer lends one.
-        if cache.layout() != LayoutKind::Contiguous {
-            return None;
-        }
-        let lent = cache.append_in_place(self.rows)?;
-        lent.into_iter()
-            .map(|layer| {
-                let [piece] = <[_; 1]>::try_from(layer.pieces).ok()?;
-                Some((piece.k, piece.v))
-            })
-            .collect()
+    /// The cache's lent pieces as they are: the cache is new, so its positions are the
+    /// restore's `0..rows`.
+    fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
+        let lent = self.cache.as_mut()?.append_in_place(self.rows)?;
+        Some(lent.into_iter().map(direct_layer).collect())
     }
 
     fn write_rows(
@@ -96,8 +91,29 @@ impl KvSink for CacheSink<'_> {
     }
 }
 
+fn direct_layer(layer: LentLayer<'_>) -> DirectLayer<'_> {
+    let pieces = layer.pieces.into_iter().map(|p| DirectPiece {
+        positions: p.positions,
+        k: p.k,
+        v: p.v,
+    });
+    DirectLayer {
+        pieces: pieces.collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use mtplx_cold::storage::FaultyStorage;
+    use mtplx_cold::{
+        ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, Identity, KvRows, Mtp,
+        ReadPath, Recurrent, SpillEntry, GIB,
+    };
+    use mtplx_kv::{BlockPool, KvView};
+    use proptest::prelude::*;
+
     use super::*;
 
     const SHAPE: KvShape = KvShape {
@@ -107,31 +123,277 @@ mod tests {
     };
 
     #[test]
-    fn a_contiguous_cache_lends_its_rows_and_the_other_layouts_append() {
-        for (factory, lends) in [
-            (CacheFactory::contiguous(), true),
-            (CacheFactory::paged(), false),
-            (CacheFactory::segmented(), false),
-        ] {
+    fn every_layout_lends_its_rows_in_pieces_covering_the_restore() {
+        let paged = CacheFactory::Paged {
+            block_tokens: 16,
+            pool: BlockPool::new(),
+        };
+        let segmented = CacheFactory::Segmented { segment_tokens: 16 };
+        for (factory, pieces) in [(CacheFactory::contiguous(), 1), (paged, 3), (segmented, 3)] {
+            let layout = factory.layout();
             let mut sink = CacheSink::new(&factory, SHAPE);
-            sink.begin(geometry(SHAPE), 3).unwrap();
-            let Some(rows) = sink.direct_rows() else {
-                assert!(!lends, "{:?}", factory.layout());
-                assert_eq!(sink.cache.as_ref().unwrap().len(), 0);
-                continue;
-            };
-            assert!(lends, "{:?}", factory.layout());
-            assert_eq!(rows.len(), 2);
-            for (l, (k, v)) in rows.into_iter().enumerate() {
-                assert_eq!((k.len(), v.len()), (12, 12));
-                k.fill(l as f32);
-                v.fill(-(l as f32));
+            sink.begin(geometry(SHAPE), 40).unwrap();
+            let layers = sink.direct_rows().expect("every layout lends");
+            assert_eq!(layers.len(), 2);
+            for (l, layer) in layers.into_iter().enumerate() {
+                assert_eq!(layer.pieces.len(), pieces, "{layout:?}");
+                let mut at = 0;
+                for p in layer.pieces {
+                    assert_eq!(p.positions.start, at, "{layout:?}");
+                    assert_eq!(p.k.len(), p.positions.len() * 4, "{layout:?}");
+                    for (i, pos) in p.positions.clone().enumerate() {
+                        p.k[i * 4..(i + 1) * 4].fill((l * 100 + pos) as f32);
+                        p.v[i * 4..(i + 1) * 4].fill(-((l * 100 + pos) as f32));
+                    }
+                    at = p.positions.end;
+                }
+                assert_eq!(at, 40, "{layout:?}");
             }
             let cache = sink.cache.as_ref().unwrap();
-            assert_eq!(cache.len(), 3);
-            let (mut k, mut v) = ([0.0; 12], [0.0; 12]);
-            cache.read_rows(1, 0..3, &mut k, &mut v).unwrap();
-            assert_eq!((k, v), ([1.0; 12], [-1.0; 12]));
+            assert_eq!(cache.len(), 40);
+            let (mut k, mut v) = ([0.0; 160], [0.0; 160]);
+            cache.read_rows(1, 0..40, &mut k, &mut v).unwrap();
+            let want: Vec<f32> = (0..160).map(|i| (100 + i / 4) as f32).collect();
+            assert_eq!(k.to_vec(), want, "{layout:?}");
+            assert_eq!(v.map(|x| -x).to_vec(), want, "{layout:?}");
+        }
+    }
+
+    /// A [`CacheSink`] that lends the cache's rows only when `lend`, and counts the
+    /// `write_rows` calls that reach it.
+    struct Watched<'a> {
+        sink: CacheSink<'a>,
+        lend: bool,
+        writes: usize,
+    }
+
+    impl KvSink for Watched<'_> {
+        fn begin(&mut self, g: KvGeometry, rows: usize) -> Result<(), BoxError> {
+            self.sink.begin(g, rows)
+        }
+        fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
+            match self.lend {
+                true => self.sink.direct_rows(),
+                false => None,
+            }
+        }
+        fn write_rows(
+            &mut self,
+            l: usize,
+            at: usize,
+            k: &[f32],
+            v: &[f32],
+        ) -> Result<(), BoxError> {
+            self.writes += 1;
+            self.sink.write_rows(l, at, k, v)
+        }
+        fn discard(&mut self) {
+            self.sink.discard()
+        }
+    }
+
+    fn identity() -> Identity {
+        Identity {
+            model: "m".into(),
+            chat_template: "t".into(),
+            mtp: Mtp::Off,
+            policy: "p".into(),
+        }
+    }
+
+    /// The stored rows: distinct for every layer, position, element and K / V, and not
+    /// representable with fewer bits (so a misplaced or converted value shows).
+    fn original(len: usize) -> KvRows {
+        KvRows::from_fn(geometry(SHAPE), len, |l, p, i, v| {
+            let x = (l * 7919 + p * 31 + i) as f32 * 0.001_953_7 + 0.1;
+            if v {
+                -x
+            } else {
+                x
+            }
+        })
+    }
+
+    /// A store holding one entry of `len` tokens, and the candidate restoring it at `point`.
+    fn stored(len: usize, point: usize) -> (FaultyStorage, ColdStore, ColdCandidate) {
+        let st = FaultyStorage::new();
+        let config = ColdConfig {
+            cap_bytes: 100 * GIB,
+            free_disk_floor: 0,
+            backlog_cap_bytes: GIB,
+            write_budget_per_hour: u64::MAX,
+        };
+        let store = ColdStore::open(Arc::new(st.clone()), config).unwrap();
+        let tokens: Vec<u32> = (0..len as u32).collect();
+        store
+            .put(&SpillEntry {
+                identity: identity(),
+                tokens: tokens.clone(),
+                geometry: geometry(SHAPE),
+                kv: Box::new(original(len)),
+                recurrent: Recurrent::None,
+                tail: None,
+            })
+            .unwrap();
+        let id = identity();
+        let query = ColdQuery {
+            identity: &id,
+            prompt: &tokens,
+            floor: 0,
+        };
+        let full = store.lookup(&query).exact.unwrap();
+        let hit = ColdCandidate {
+            restore_point: point,
+            ..full
+        };
+        (st, store, hit)
+    }
+
+    /// Every value of `view`'s first `point` positions, as bits.
+    fn bits(view: &dyn KvView, point: usize) -> Vec<u32> {
+        let n = point * SHAPE.row_len();
+        let mut out = Vec::new();
+        for l in 0..SHAPE.layers {
+            let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
+            view.read_rows(l, 0..point, &mut k, &mut v).unwrap();
+            out.extend(k.iter().chain(&v).map(|x| x.to_bits()));
+        }
+        out
+    }
+
+    /// Restores an entry of `len` tokens at `point` into a cache built by `factory`, read
+    /// straight into the cache (streamed and, blobs in memory, resident) and staged: the
+    /// same bits as the stored rows every way, and no `write_rows` call when lent.
+    fn direct_equals_staged_equals_original(
+        factory: &CacheFactory,
+        len: usize,
+        point: usize,
+    ) -> Result<(), TestCaseError> {
+        let (st, store, hit) = stored(len, point);
+        let row = SHAPE.row_len();
+        let want: Vec<u32> = (0..SHAPE.layers)
+            .flat_map(|l| {
+                let o = original(len);
+                let (k, v) = (&o.k[l][..point * row], &o.v[l][..point * row]);
+                k.iter().chain(v).map(|x| x.to_bits()).collect::<Vec<_>>()
+            })
+            .collect();
+        let layout = factory.layout();
+        for (lend, resident) in [(true, false), (true, true), (false, false)] {
+            st.set_resident(resident);
+            let mut sink = Watched {
+                sink: CacheSink::new(factory, SHAPE),
+                lend,
+                writes: 0,
+            };
+            let report = store.restore(&hit, &mut sink).unwrap();
+            let cache = sink.sink.cache.take().unwrap();
+            let case =
+                format!("{layout:?} len {len} point {point} lend {lend} resident {resident}");
+            prop_assert_eq!(cache.layout(), layout);
+            prop_assert_eq!(cache.len(), point, "{}", case);
+            prop_assert!(bits(&*cache, point) == want, "{}: rows differ", case);
+            let path = report.read_path;
+            match lend {
+                true => {
+                    prop_assert_eq!(sink.writes, 0, "{}", case);
+                    prop_assert!(path != ReadPath::Staged, "{}: {:?}", case, path);
+                }
+                false => {
+                    prop_assert!(sink.writes > 0, "{}", case);
+                    prop_assert_eq!(path, ReadPath::Staged, "{}", case);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Paged with pages that divide a 256-token block and pages that don't (300 spans two
+    /// blocks); segmented likewise (segments are multiples of 16: 48 doesn't divide 256,
+    /// 272 spans blocks).
+    fn factories(page: usize, segment: usize) -> [CacheFactory; 3] {
+        [
+            CacheFactory::Contiguous { chunk_tokens: 64 },
+            CacheFactory::Paged {
+                block_tokens: page,
+                pool: BlockPool::new(),
+            },
+            CacheFactory::Segmented {
+                segment_tokens: segment,
+            },
+        ]
+    }
+
+    /// Restore points inside a page, on page boundaries, on and just past block bounds, and
+    /// inside the last block (partly restored, so staged by the cold tier) of a 700-token
+    /// entry, whose last block (512..700) is itself partial.
+    #[test]
+    fn restores_into_every_layout_read_straight_into_it_give_the_stored_bits() {
+        let points = [
+            1, 7, 16, 48, 100, 200, 255, 256, 257, 300, 511, 512, 600, 699, 700,
+        ];
+        for (page, segment) in [(16, 256), (7, 48), (100, 272), (256, 16), (300, 512)] {
+            for factory in factories(page, segment) {
+                for point in points {
+                    direct_equals_staged_equals_original(&factory, 700, point).unwrap();
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        #[test]
+        fn any_page_size_and_restore_point_gives_the_stored_bits(
+            len in 1usize..900,
+            cut in 0.0f64..=1.0,
+            page in 1usize..=300,
+            segment in 1usize..=300,
+        ) {
+            let point = ((len as f64 * cut) as usize).clamp(1, len);
+            for factory in factories(page, segment) {
+                direct_equals_staged_equals_original(&factory, len, point)?;
+            }
+        }
+    }
+
+    /// A block that fails its checksum after rows reached a paged cache: a named miss, the
+    /// sink drops the cache, and its blocks go back to the pool.
+    #[test]
+    fn a_corrupt_block_read_into_a_paged_cache_is_a_miss_and_frees_its_blocks() {
+        let pool = BlockPool::new();
+        let factory = CacheFactory::Paged {
+            block_tokens: 7,
+            pool: pool.clone(),
+        };
+        for resident in [false, true] {
+            let (st, store, hit) = stored(600, 600);
+            st.set_resident(resident);
+            let blobs = st.files(std::path::Path::new("blobs"));
+            let (path, size) = blobs.iter().max_by_key(|(_, n)| *n).unwrap().clone();
+            assert_eq!(blobs.len(), 3);
+            // A full block (the last one holds 88 positions): the bit sits in its last
+            // layer's V rows, read after the block's other rows reached the cache.
+            st.flip_bit(&path, (size - 5) * 8).unwrap();
+            let mut sink = Watched {
+                sink: CacheSink::new(&factory, SHAPE),
+                lend: true,
+                writes: 0,
+            };
+            let err = store.restore(&hit, &mut sink).unwrap_err();
+            assert_eq!(
+                err.miss_reason().to_string(),
+                "ssd_restore_error:checksum",
+                "resident {resident}"
+            );
+            assert!(sink.sink.cache.is_none(), "the rows were discarded");
+            assert_eq!(sink.writes, 0);
+            assert_eq!(
+                pool.stats().live_blocks,
+                0,
+                "every block went back to the pool"
+            );
         }
     }
 }

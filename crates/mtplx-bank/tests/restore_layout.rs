@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use mtplx_bank::{Bank, BankConfig, RestoreMode};
+use mtplx_cold::ReadPath;
 use mtplx_kv::{CacheFactory, LayoutKind};
 
 fn factories() -> [CacheFactory; 3] {
@@ -63,6 +64,9 @@ fn ssd_exact_restores_build_the_layout_asked_for() {
         let r = plan.restore(&asked, SHAPE).unwrap();
         seen.push(r.cache.layout());
         assert_rows(&*r.cache, &prompt, 700);
+        // Every layout lends its rows: blocks were read straight into the cache.
+        let path = r.ssd_report.expect("restored from SSD").read_path;
+        assert_ne!(path, ReadPath::Staged, "{:?}", asked.layout());
     }
     assert_eq!(
         seen,

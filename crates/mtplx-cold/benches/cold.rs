@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput};
 use mtplx_cold::storage::drop_page_cache;
 use mtplx_cold::{
-    BoxError, ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, Identity, KvGeometry,
-    KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry, GIB,
+    BoxError, ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, DirectLayer, Identity,
+    KvGeometry, KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry, GIB,
 };
 
 /// SmolLM2-135M: 30 layers × 3 KV heads × 64 dims (11.25 MiB per 256-token block in f32).
@@ -80,13 +80,13 @@ impl KvSink for Contiguous {
         Ok(())
     }
 
-    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
-        let n = self.rows * self.row;
+    fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
+        let (rows, n) = (self.rows, self.rows * self.row);
         self.direct.then(|| {
             self.k
                 .iter_mut()
                 .zip(self.v.iter_mut())
-                .map(|(k, v)| (&mut k[..n], &mut v[..n]))
+                .map(|(k, v)| DirectLayer::whole(rows, &mut k[..n], &mut v[..n]))
                 .collect()
         })
     }

@@ -152,8 +152,13 @@ pub struct RestoreReport {
 /// How a restore read its KV blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReadPath {
-    /// A reader thread streamed extents from disk while the calling thread hashed them:
-    /// some blob was not in memory, or the sink lends no rows.
+    /// The sink lends no rows ([`crate::KvSink::direct_rows`] is `None`): a reader thread
+    /// streamed extents into staging buffers while the calling thread hashed them and
+    /// handed their rows over through [`crate::KvSink::write_rows`], one copy more.
+    Staged,
+    /// The sink lent its rows (in one piece per layer or several) and some blob was not in
+    /// memory: a reader thread streamed extents from disk straight into them while the
+    /// calling thread hashed them.
     #[default]
     Streamed,
     /// Every block was in memory (the page cache) and the sink lent its rows: `threads`

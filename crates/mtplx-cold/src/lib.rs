@@ -52,8 +52,8 @@ pub use key::{
     FORMAT_VERSION,
 };
 pub use payload::{
-    BoxError, F32Buffer, KvGeometry, KvRows, KvSink, KvSource, NamedBytes, Recurrent,
-    RecurrentCheckpoint, TailState,
+    BoxError, DirectLayer, DirectPiece, F32Buffer, KvGeometry, KvRows, KvSink, KvSource,
+    NamedBytes, Recurrent, RecurrentCheckpoint, TailState,
 };
 pub use store::{ColdStore, OpenReport, Usage};
 pub use write_budget::WriteStats;

@@ -77,6 +77,38 @@ pub struct TailState {
     pub extra: Vec<NamedBytes>,
 }
 
+/// One layer's storage that a sink lends a restore ([`KvSink::direct_rows`]), to be filled
+/// in place: pieces in position order that together cover positions `0..rows` exactly,
+/// each starting where the previous one ends. A sink that keeps a layer in one buffer
+/// lends one piece; one that keeps it in pages or segments lends a piece per buffer.
+#[derive(Debug)]
+pub struct DirectLayer<'s> {
+    pub pieces: Vec<DirectPiece<'s>>,
+}
+
+/// Consecutive positions of one layer held in one of the sink's buffers: `k` and `v` hold
+/// `positions.len() * row_len` values each, positions outermost.
+#[derive(Debug)]
+pub struct DirectPiece<'s> {
+    pub positions: Range<usize>,
+    pub k: &'s mut [f32],
+    pub v: &'s mut [f32],
+}
+
+impl<'s> DirectLayer<'s> {
+    /// A layer held in one buffer: positions `0..rows`, `k` and `v` holding exactly
+    /// `rows * row_len` values each.
+    pub fn whole(rows: usize, k: &'s mut [f32], v: &'s mut [f32]) -> DirectLayer<'s> {
+        DirectLayer {
+            pieces: vec![DirectPiece {
+                positions: 0..rows,
+                k,
+                v,
+            }],
+        }
+    }
+}
+
 /// Where a spill reads K/V rows from (the bank wraps its KV view in one).
 pub trait KvSource: Send + Sync {
     /// Copies rows `range` of `layer` into `k` and `v`, each `range.len() * row_len` f32,
@@ -93,7 +125,7 @@ pub trait KvSource: Send + Sync {
 /// Where a restore writes what it read; the caller builds its own layout from these calls
 /// (its cache factory decides which).
 ///
-/// Call order: [`KvSink::begin`] once; then either [`KvSink::direct_rows`] returns the
+/// Call order: [`KvSink::begin`] once; then either [`KvSink::direct_rows`] lends the
 /// sink's own storage and the restore reads blocks from disk straight into it, or (the
 /// default) [`KvSink::write_rows`] is called for positions in increasing order, every layer
 /// of a block before the next block, so for each layer the rows arrive contiguous from
@@ -114,12 +146,14 @@ pub trait KvSink {
     /// `rows` positions will be written to every layer of a cache of this geometry.
     fn begin(&mut self, geometry: KvGeometry, rows: usize) -> Result<(), BoxError>;
     /// Optional fast path: the sink's own storage for positions `0..rows` of every layer
-    /// (the `rows` given to [`KvSink::begin`]), one `(k, v)` pair per layer, each exactly
-    /// `rows * row_len` values, positions outermost. The restore then reads each block's
-    /// rows from disk straight into these slices, with no staging copy, and makes no
+    /// (the `rows` given to [`KvSink::begin`]), zeroed, one [`DirectLayer`] per layer in
+    /// layer order, whose pieces cover exactly those positions in order. The restore then
+    /// reads each block's rows from disk straight into the pieces (a block's layer may span
+    /// several pieces, a piece several blocks), with no staging copy, and makes no
     /// [`KvSink::write_rows`] calls. Called once, right after `begin`. `None` (the default)
-    /// selects `write_rows`. Slices of the wrong number or length fail the restore.
-    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+    /// selects `write_rows`. Layers of the wrong number, or pieces that don't cover
+    /// `0..rows` in order with `row_len` values per position, fail the restore.
+    fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
         None
     }
     /// Rows `start .. start + k.len() / row_len` of `layer`.
@@ -259,19 +293,19 @@ impl KvSink for KvRows {
         Ok(())
     }
 
-    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+    fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
         let row = self.geometry?.row_len();
         // `begin` reserved exactly `rows * row` values per layer (`Vec::with_capacity`
         // guarantees the requested capacity).
-        let n = self.k.first().map_or(0, Vec::capacity) / row * row;
+        let rows = self.k.first().map_or(0, Vec::capacity) / row;
         Some(
             self.k
                 .iter_mut()
                 .zip(self.v.iter_mut())
                 .map(|(k, v)| {
-                    k.resize(n, 0.0);
-                    v.resize(n, 0.0);
-                    (&mut k[..], &mut v[..])
+                    k.resize(rows * row, 0.0);
+                    v.resize(rows * row, 0.0);
+                    DirectLayer::whole(rows, k, v)
                 })
                 .collect(),
         )

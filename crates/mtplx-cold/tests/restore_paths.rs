@@ -1,16 +1,17 @@
-//! Every way rows reach a sink — read straight into its own rows (`direct_rows`), streamed
-//! from disk or, when the blobs are in memory, by several threads; or staged and handed over
-//! through `write_rows` — delivers the same, exact rows at any restore point, in several
-//! extents per block; and a block that fails its checksum after some of its rows reached the
-//! sink ends the restore with a named miss and a `discard`.
+//! Every way rows reach a sink — read straight into its own rows (`direct_rows`, lent in one
+//! piece per layer or in pages of any size), streamed from disk or, when the blobs are in
+//! memory, by several threads; or staged and handed over through `write_rows` — delivers
+//! the same, exact rows at any restore point, in several extents per block; a block that
+//! fails its checksum after some of its rows reached the sink ends the restore with a named
+//! miss and a `discard`; and lent pieces that don't cover the rows in order fail it.
 
 mod common;
 
 use common::*;
 use mtplx_cold::storage::FaultyStorage;
 use mtplx_cold::{
-    BoxError, ColdIndex, KvGeometry, KvRows, KvSink, ReadPath, Recurrent, RecurrentCheckpoint,
-    SpillEntry, TailState,
+    BoxError, ColdIndex, DirectLayer, DirectPiece, KvGeometry, KvRows, KvSink, ReadPath, Recurrent,
+    RecurrentCheckpoint, SpillEntry, TailState,
 };
 use proptest::prelude::*;
 
@@ -65,12 +66,40 @@ impl KvSink for Staged {
     }
 }
 
-/// Counts `write_rows` calls, to show the direct path makes none.
+/// Lends its rows in pieces of `page` positions (0: one piece per layer), as a paged cache
+/// does; counts `write_rows` calls, to show the direct path makes none.
 #[derive(Default)]
 struct Direct {
     rows: KvRows,
+    page: usize,
     calls: usize,
     discarded: bool,
+}
+
+impl Direct {
+    fn paged(page: usize) -> Direct {
+        Direct {
+            page,
+            ..Direct::default()
+        }
+    }
+}
+
+/// `layer`'s one piece cut into pieces of `page` positions, the last maybe shorter.
+fn in_pages(layer: DirectLayer<'_>, page: usize, row: usize) -> DirectLayer<'_> {
+    let [whole] = <[_; 1]>::try_from(layer.pieces).expect("KvRows lends one piece");
+    let pieces = whole
+        .k
+        .chunks_mut(page * row)
+        .zip(whole.v.chunks_mut(page * row))
+        .enumerate()
+        .map(|(i, (k, v))| DirectPiece {
+            positions: i * page..i * page + k.len() / row,
+            k,
+            v,
+        })
+        .collect();
+    DirectLayer { pieces }
 }
 
 impl KvSink for Direct {
@@ -78,8 +107,13 @@ impl KvSink for Direct {
         self.rows.begin(g, rows)
     }
 
-    fn direct_rows(&mut self) -> Option<Vec<(&mut [f32], &mut [f32])>> {
-        self.rows.direct_rows()
+    fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
+        let (page, row) = (self.page, self.rows.geometry?.row_len());
+        let layers = self.rows.direct_rows()?;
+        match page {
+            0 => Some(layers),
+            _ => Some(layers.into_iter().map(|l| in_pages(l, page, row)).collect()),
+        }
     }
 
     fn write_rows(&mut self, l: usize, start: usize, k: &[f32], v: &[f32]) -> Result<(), BoxError> {
@@ -97,10 +131,16 @@ impl KvSink for Direct {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(12))]
+    #![proptest_config(ProptestConfig::with_cases(24))]
 
+    /// `page` 0 lends one piece per layer; 16 and 64 divide a block, 1, 7, 100 and 300 don't
+    /// (300 spans blocks).
     #[test]
-    fn direct_and_staged_restores_deliver_the_same_exact_rows(len in 1usize..800, cut in 0.0f64..1.0) {
+    fn direct_and_staged_restores_deliver_the_same_exact_rows(
+        len in 1usize..800,
+        cut in 0.0f64..1.0,
+        page in prop::sample::select(vec![0usize, 1, 7, 16, 64, 100, 300]),
+    ) {
         let st = FaultyStorage::new();
         let store = open(&st, config());
         let t = tokens(len, 3);
@@ -111,7 +151,7 @@ proptest! {
         let hit = mtplx_cold::ColdCandidate { restore_point: point, tail: point == len, ..full };
         let want = wide_rows(&t).truncated(point);
 
-        let mut direct = Direct::default();
+        let mut direct = Direct::paged(page);
         let report = store.restore(&hit, &mut direct).unwrap();
         prop_assert_eq!(direct.calls, 0);
         prop_assert_eq!(direct.rows.truncated(point), want.clone());
@@ -120,7 +160,8 @@ proptest! {
         prop_assert_eq!(report.read_path, ReadPath::Streamed);
 
         let mut staged = Staged::default();
-        store.restore(&hit, &mut staged).unwrap();
+        let r = store.restore(&hit, &mut staged).unwrap();
+        prop_assert_eq!(r.read_path, ReadPath::Staged);
         prop_assert_eq!(staged.rows.truncated(point), want.clone());
         prop_assert_eq!(direct.rows.tail.is_some(), point == len);
         prop_assert!(!direct.discarded && !staged.discarded);
@@ -128,7 +169,7 @@ proptest! {
         // The blobs in memory: a direct sink's blocks are read by several threads; a
         // staged sink still streams.
         st.set_resident(true);
-        let mut resident = Direct::default();
+        let mut resident = Direct::paged(page);
         let r = store.restore(&hit, &mut resident).unwrap();
         let resident_path = matches!(r.read_path, ReadPath::Resident { threads } if threads >= 1);
         prop_assert!(resident_path, "{:?}", r.read_path);
@@ -138,17 +179,25 @@ proptest! {
         prop_assert_eq!((r.rows, r.blocks_read, r.bytes_read), (report.rows, report.blocks_read, report.bytes_read));
         let mut staged = Staged::default();
         let r = store.restore(&hit, &mut staged).unwrap();
-        prop_assert_eq!(r.read_path, ReadPath::Streamed);
+        prop_assert_eq!(r.read_path, ReadPath::Staged);
         prop_assert_eq!(staged.rows.truncated(point), want);
         prop_assert!(!resident.discarded && !staged.discarded);
     }
 }
 
 /// Flips one bit in the last extent of the second block: rows of that block (and all of
-/// the first) reached the sink before its checksum failed.
+/// the first) reached the sink before its checksum failed. `direct`: the sink lends its
+/// rows in pages of that many positions (0: one piece per layer).
 #[test]
 fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
-    for (direct, resident) in [(true, false), (false, false), (true, true)] {
+    let cases = [
+        (Some(0), false),
+        (None, false),
+        (Some(0), true),
+        (Some(7), false),
+        (Some(7), true),
+    ];
+    for (direct, resident) in cases {
         let st = FaultyStorage::new();
         st.set_resident(resident);
         let store = open(&st, config());
@@ -163,18 +212,93 @@ fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
             .unwrap();
         st.flip_bit(&path, (len - 3) * 8).unwrap();
 
-        let (err, discarded) = if direct {
-            let mut sink = Direct::default();
-            (store.restore(&hit, &mut sink).unwrap_err(), sink.discarded)
-        } else {
-            let mut sink = Staged::default();
-            let e = store.restore(&hit, &mut sink).unwrap_err();
-            // Rows of the first block, and of the bad one, had arrived.
-            assert!(sink.rows.positions() > 256, "direct: {direct}");
-            (e, sink.discarded)
+        let (err, discarded) = match direct {
+            Some(page) => {
+                let mut sink = Direct::paged(page);
+                (store.restore(&hit, &mut sink).unwrap_err(), sink.discarded)
+            }
+            None => {
+                let mut sink = Staged::default();
+                let e = store.restore(&hit, &mut sink).unwrap_err();
+                // Rows of the first block, and of the bad one, had arrived.
+                assert!(sink.rows.positions() > 256);
+                (e, sink.discarded)
+            }
         };
-        assert_eq!(err.miss_reason().to_string(), "ssd_restore_error:checksum");
-        assert!(discarded, "direct: {direct}");
+        let case = format!("direct: {direct:?}, resident: {resident}");
+        assert_eq!(
+            err.miss_reason().to_string(),
+            "ssd_restore_error:checksum",
+            "{case}"
+        );
+        assert!(discarded, "{case}");
+    }
+}
+
+/// A sink whose pieces leave a gap, overlap, or hold the wrong number of values fails the
+/// restore (a sink error, then `discard`) instead of leaving rows unwritten or misplaced.
+#[test]
+fn pieces_that_dont_cover_the_rows_in_order_fail_the_restore() {
+    struct Bad {
+        rows: KvRows,
+        how: usize,
+        discarded: bool,
+    }
+    impl KvSink for Bad {
+        fn begin(&mut self, g: KvGeometry, rows: usize) -> Result<(), BoxError> {
+            self.rows.begin(g, rows)
+        }
+        fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
+            let row = self.rows.geometry?.row_len();
+            let how = self.how;
+            let mut layers: Vec<_> = self
+                .rows
+                .direct_rows()?
+                .into_iter()
+                .map(|l| in_pages(l, 10, row))
+                .collect();
+            let last = layers.last_mut()?;
+            match how {
+                // A gap: the second piece is missing.
+                0 => drop(last.pieces.remove(1)),
+                // Out of order.
+                1 => last.pieces.swap(0, 1),
+                // A piece whose V holds one row fewer than its positions.
+                2 => {
+                    let p = &mut last.pieces[1];
+                    let v = std::mem::take(&mut p.v);
+                    p.v = &mut v[row..];
+                }
+                // A layer missing.
+                _ => drop(layers.pop()),
+            }
+            Some(layers)
+        }
+        fn write_rows(&mut self, _: usize, _: usize, _: &[f32], _: &[f32]) -> Result<(), BoxError> {
+            Err("no write_rows after direct rows".into())
+        }
+        fn discard(&mut self) {
+            self.discarded = true;
+        }
+    }
+    let st = FaultyStorage::new();
+    let store = open(&st, config());
+    let t = tokens(300, 2);
+    store.put(&wide_entry(&t)).unwrap();
+    let hit = lookup(&store, &t).exact.unwrap();
+    for how in 0..4 {
+        let mut sink = Bad {
+            rows: KvRows::default(),
+            how,
+            discarded: false,
+        };
+        let err = store.restore(&hit, &mut sink).unwrap_err();
+        assert_eq!(
+            err.miss_reason().to_string(),
+            "ssd_restore_error:sink",
+            "{how}"
+        );
+        assert!(sink.discarded, "{how}");
     }
 }
 

@@ -1,6 +1,7 @@
 //! Reading an entry's KV blocks: a reader thread streams each block from disk in extents
-//! of whole layers (≥ 1 MiB), straight into the sink's own rows when it offers them
-//! ([`KvSink::direct_rows`]) or into a few recycled staging buffers otherwise, while the
+//! of whole layers (≥ 1 MiB), straight into the sink's own rows when it lends them
+//! ([`KvSink::direct_rows`]: per layer one piece of storage or several, pages or segments,
+//! cut here at block bounds) or into a few recycled staging buffers otherwise, while the
 //! calling thread hashes each extent as it arrives (and, when staged, hands its rows to the
 //! sink). Verification thus overlaps with I/O instead of following it; the price is that
 //! rows reach the sink before their block's checksum is known, which the sink contract
@@ -21,7 +22,7 @@ use crate::codec::{BlobKind, Descriptor, EntryBody, EntryHead};
 use crate::error::ReadError;
 use crate::index::ReadPath;
 use crate::key::{blocks_for, BLOCK_TOKENS};
-use crate::payload::{KvGeometry, KvSink};
+use crate::payload::{DirectLayer, DirectPiece, KvGeometry, KvSink};
 use crate::storage::StorageFile;
 
 /// Bytes the reader fetches per extent, at least: whole layers of one block.
@@ -33,8 +34,33 @@ const STAGING_BUFFERS: usize = 4;
 /// A failure, and the blob at fault if the stored bytes are bad.
 pub(super) type Failed = (ReadError, Option<(BlobKind, [u8; 32])>);
 
-/// One layer's K and V rows of one block, in the sink.
-pub(super) type LayerRows<'s> = (&'s mut [f32], &'s mut [f32]);
+/// One layer's K and V rows of one block, in the sink: the sink's pieces cut at the
+/// block's bounds, in position order. The K slices in order, then the V slices, take the
+/// layer's bytes of the block in file order.
+#[derive(Debug, Default)]
+pub(super) struct LayerRows<'s> {
+    k: Vec<&'s mut [f32]>,
+    v: Vec<&'s mut [f32]>,
+}
+
+impl<'s> LayerRows<'s> {
+    /// The slices in file order: every K slice, then every V slice.
+    pub(super) fn file_order(&mut self) -> impl Iterator<Item = &mut [f32]> + use<'_, 's> {
+        self.k.iter_mut().chain(self.v.iter_mut()).map(|s| &mut **s)
+    }
+
+    /// Copies a staged layer's wanted rows into the slices: `k` (and `v`) hold as many
+    /// values as the K (and the V) slices together.
+    pub(super) fn fill(&mut self, k: &[f32], v: &[f32]) {
+        for (parts, mut src) in [(&mut self.k, k), (&mut self.v, v)] {
+            for part in parts.iter_mut() {
+                let (head, rest) = src.split_at(part.len());
+                part.copy_from_slice(head);
+                src = rest;
+            }
+        }
+    }
+}
 
 /// What the blocks cost, for the restore's report.
 #[derive(Debug, Default)]
@@ -50,7 +76,7 @@ pub(super) struct BlocksRead {
 
 /// Where an extent's bytes went.
 enum Dest<'s> {
-    /// Into the sink: one `(k, v)` per layer of the extent, the block's rows of each.
+    /// Into the sink: the block's rows of each layer of the extent.
     Sink(Vec<LayerRows<'s>>),
     /// Into a staging buffer: the extent's bytes in file order.
     Staged(Vec<f32>),
@@ -134,28 +160,11 @@ pub(super) fn read_blocks(
     sink: &mut dyn KvSink,
 ) -> Result<BlocksRead, Failed> {
     let plan = Plan::new(head, point);
-    let sink_err = |what: String| (ReadError::Sink(what.into()), None);
     match sink.direct_rows() {
         None => run(inner, body, &plan, Vec::new(), Deliver::Calls(sink)),
-        Some(rows) => {
-            let want = point * plan.row;
-            if rows.len() != plan.g.layers as usize
-                || rows.iter().any(|(k, v)| k.len() != want || v.len() != want)
-            {
-                return Err(sink_err(format!(
-                    "direct rows: expected {} layers of {want} values",
-                    plan.g.layers
-                )));
-            }
-            // Per block, per layer: the block's slice of every layer's rows.
-            let mut per_block: Vec<Vec<LayerRows<'_>>> =
-                (0..plan.nblocks).map(|_| Vec::new()).collect();
-            for (k, v) in rows {
-                let chunk = BLOCK_TOKENS * plan.row;
-                for (b, kv) in k.chunks_mut(chunk).zip(v.chunks_mut(chunk)).enumerate() {
-                    per_block[b].push(kv);
-                }
-            }
+        Some(layers) => {
+            let per_block = split_at_blocks(layers, &plan)
+                .map_err(|what| (ReadError::Sink(what.into()), None))?;
             // The last block, when only part of it is restored, can't be read into the
             // sink (its checksum covers rows the sink has no room for): it is staged.
             let last = plan.nblocks - 1;
@@ -171,6 +180,60 @@ pub(super) fn read_blocks(
             run(inner, body, &plan, direct, Deliver::Direct(partial))
         }
     }
+}
+
+/// Checks the layers a sink lent against the plan and cuts their pieces at block bounds:
+/// per block, per layer, the sink's rows of that block.
+fn split_at_blocks<'s>(
+    layers: Vec<DirectLayer<'s>>,
+    plan: &Plan,
+) -> Result<Vec<Vec<LayerRows<'s>>>, String> {
+    let (row, point) = (plan.row, plan.point);
+    if layers.len() != plan.g.layers as usize {
+        return Err(format!(
+            "direct rows: {} layers lent, {} expected",
+            layers.len(),
+            plan.g.layers
+        ));
+    }
+    let mut per_block: Vec<Vec<LayerRows<'s>>> = (0..plan.nblocks)
+        .map(|_| (0..layers.len()).map(|_| LayerRows::default()).collect())
+        .collect();
+    for (l, layer) in layers.into_iter().enumerate() {
+        let mut at = 0;
+        for DirectPiece {
+            positions,
+            mut k,
+            mut v,
+        } in layer.pieces
+        {
+            let len = positions.len() * row;
+            if positions.start != at || positions.end > point || k.len() != len || v.len() != len {
+                return Err(format!(
+                    "direct rows: layer {l} lends positions {positions:?} in {} K and {} V \
+                     values after position {at}, of {point} positions of {row} values",
+                    k.len(),
+                    v.len()
+                ));
+            }
+            while at < positions.end {
+                let b = at / BLOCK_TOKENS;
+                let take = ((b + 1) * BLOCK_TOKENS).min(positions.end) - at;
+                let (bk, rest_k) = std::mem::take(&mut k).split_at_mut(take * row);
+                let (bv, rest_v) = std::mem::take(&mut v).split_at_mut(take * row);
+                per_block[b][l].k.push(bk);
+                per_block[b][l].v.push(bv);
+                (k, v) = (rest_k, rest_v);
+                at += take;
+            }
+        }
+        if at != point {
+            return Err(format!(
+                "direct rows: layer {l} lends positions 0..{at}, not 0..{point}"
+            ));
+        }
+    }
+    Ok(per_block)
 }
 
 /// The blocks' files, when every one of them opens and is in memory.
@@ -219,7 +282,13 @@ fn run<'s>(
             }
         });
 
-        let mut out = BlocksRead::default();
+        let mut out = BlocksRead {
+            path: match deliver {
+                Deliver::Calls(_) => ReadPath::Staged,
+                Deliver::Direct(_) => ReadPath::Streamed,
+            },
+            ..BlocksRead::default()
+        };
         let mut hasher = blake3::Hasher::new();
         let mut sum = [0u8; 32];
         let mut block = 0;
@@ -235,11 +304,9 @@ fn run<'s>(
                     let span = n * plan.row;
                     match dest {
                         Dest::Sink(mut rows) => {
-                            for (k, v) in rows.iter_mut() {
-                                hasher.update(bytemuck::cast_slice(k));
-                                hasher.update(bytemuck::cast_slice(v));
-                                from_le(k);
-                                from_le(v);
+                            for part in rows.iter_mut().flat_map(LayerRows::file_order) {
+                                hasher.update(bytemuck::cast_slice(part));
+                                from_le(part);
                             }
                         }
                         Dest::Staged(mut buf) => {
@@ -254,10 +321,7 @@ fn run<'s>(
                                     Deliver::Calls(sink) => sink
                                         .write_rows(l, start, k, v)
                                         .map_err(|e| (ReadError::Sink(e), None))?,
-                                    Deliver::Direct(Some(rows)) => {
-                                        rows[l].0.copy_from_slice(k);
-                                        rows[l].1.copy_from_slice(v);
-                                    }
+                                    Deliver::Direct(Some(rows)) => rows[l].fill(k, v),
                                     Deliver::Direct(None) => unreachable!("staged direct block"),
                                 }
                             }
@@ -375,11 +439,9 @@ fn read_into(
     mut offset: u64,
     rows: &mut [LayerRows<'_>],
 ) -> std::io::Result<()> {
-    for (k, v) in rows.iter_mut() {
-        for part in [&mut **k, &mut **v] {
-            file.read_at(offset, bytemuck::cast_slice_mut(part))?;
-            offset += part.len() as u64 * 4;
-        }
+    for part in rows.iter_mut().flat_map(LayerRows::file_order) {
+        file.read_at(offset, bytemuck::cast_slice_mut(part))?;
+        offset += part.len() as u64 * 4;
     }
     Ok(())
 }

@@ -41,7 +41,7 @@ pub(super) fn threads() -> usize {
     cores.clamp(2, MAX_THREADS)
 }
 
-/// One block's destination: one `(k, v)` per layer, the block's rows of each.
+/// One block's destination: the block's rows of each layer, in the sink.
 struct Block<'s> {
     layers: Vec<LayerRows<'s>>,
     /// The first rows of a block restored only in part: each layer is staged (its checksum
@@ -120,7 +120,7 @@ impl Work<'_, '_> {
             true => vec![0f32; 2 * span],
             false => Vec::new(),
         };
-        for (k, v) in layers.iter_mut() {
+        for rows in layers.iter_mut() {
             if partial {
                 file.read_at(offset, bytemuck::cast_slice_mut(&mut staged))
                     .map_err(io)?;
@@ -131,21 +131,20 @@ impl Work<'_, '_> {
                 from_le(&mut staged);
                 let take = plan.wanted(i) * plan.row;
                 let (sk, sv) = staged.split_at(span);
-                k.copy_from_slice(&sk[..take]);
-                v.copy_from_slice(&sv[..take]);
+                rows.fill(&sk[..take], &sv[..take]);
                 continue;
             }
-            for part in [&mut **k, &mut **v] {
+            for part in rows.file_order() {
                 file.read_at(offset, bytemuck::cast_slice_mut(part))
                     .map_err(io)?;
                 offset += part.len() as u64 * 4;
             }
             let t = Instant::now();
-            hasher.update(bytemuck::cast_slice(k));
-            hasher.update(bytemuck::cast_slice(v));
+            for part in rows.file_order() {
+                hasher.update(bytemuck::cast_slice(part));
+            }
             hashing += t.elapsed();
-            from_le(k);
-            from_le(v);
+            rows.file_order().for_each(from_le);
         }
         if *hasher.finalize().as_bytes() != sum {
             return Err(blob(ReadError::Checksum {
