@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput};
 use mtplx_cold::storage::drop_page_cache;
 use mtplx_cold::{
-    BoxError, ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, DirectLayer, Identity,
-    KvGeometry, KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry, GIB,
+    BoxError, ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, DirectLayer, DirectPiece,
+    Identity, KvGeometry, KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry, GIB,
 };
 
 /// SmolLM2-135M: 30 layers × 3 KV heads × 64 dims (11.25 MiB per 256-token block in f32).
@@ -49,13 +49,15 @@ fn entry(salt: u32) -> SpillEntry {
     }
 }
 
-/// A contiguous cache the caller preallocated. `direct`: it lends its rows, so blocks are
-/// read straight into it; otherwise rows are staged and copied in through `write_rows`
-/// (what an append-only layout costs).
+/// A cache the caller preallocated. `direct`: it lends its rows, so blocks are read
+/// straight into it; otherwise rows are staged and copied in through `write_rows` (what an
+/// append-only layout costs). `page`: it lends them in pieces of that many positions, as a
+/// paged cache does (the server's default layout has 16-position pages).
 struct Contiguous {
     row: usize,
     rows: usize,
     direct: bool,
+    page: Option<usize>,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
 }
@@ -68,8 +70,16 @@ impl Contiguous {
             row: GEOMETRY.row_len(),
             rows: 0,
             direct,
+            page: None,
             k: vec![vec![0.0; n]; layers],
             v: vec![vec![0.0; n]; layers],
+        }
+    }
+
+    fn paged(page: usize) -> Contiguous {
+        Contiguous {
+            page: Some(page),
+            ..Contiguous::new(true)
         }
     }
 }
@@ -81,12 +91,24 @@ impl KvSink for Contiguous {
     }
 
     fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
-        let (rows, n) = (self.rows, self.rows * self.row);
+        let (rows, row, n) = (self.rows, self.row, self.rows * self.row);
+        let page = self.page.unwrap_or(rows.max(1));
         self.direct.then(|| {
             self.k
                 .iter_mut()
                 .zip(self.v.iter_mut())
-                .map(|(k, v)| DirectLayer::whole(rows, &mut k[..n], &mut v[..n]))
+                .map(|(k, v)| DirectLayer {
+                    pieces: k[..n]
+                        .chunks_mut(page * row)
+                        .zip(v[..n].chunks_mut(page * row))
+                        .enumerate()
+                        .map(|(j, (k, v))| DirectPiece {
+                            positions: j * page..j * page + k.len() / row,
+                            k,
+                            v,
+                        })
+                        .collect(),
+                })
                 .collect()
         })
     }
@@ -315,6 +337,7 @@ fn summary(f: &Fixture) {
     let runs = 9;
     let mut direct = Contiguous::new(true);
     let mut staged = Contiguous::new(false);
+    let mut paged = Contiguous::paged(16);
     let gib = |s: f64| f.bytes as f64 / s / GIB as f64;
     println!(
         "\n== mtplx-cold summary ({} MiB, {} blobs, {} tokens, median of {runs}) ==",
@@ -326,6 +349,7 @@ fn summary(f: &Fixture) {
         let raw_t = raw(f, cold, runs);
         let d = restores(f, &mut direct, cold, runs);
         let s = restores(f, &mut staged, cold, runs);
+        let p = restores(f, &mut paged, cold, runs);
         let raw_t = raw_t.min(raw(f, cold, runs));
         println!(
             "{name}: raw read {:>7.1} ms {:>5.2} GiB/s | restore direct {:>7.1} ms {:>5.2} GiB/s = {:.2}x raw | restore staged {:>7.1} ms = {:.2}x raw",
@@ -336,6 +360,11 @@ fn summary(f: &Fixture) {
             raw_t / d.time,
             s.time * 1e3,
             raw_t / s.time,
+        );
+        println!(
+            "{name}: restore direct into 16-position pages {:>7.1} ms = {:.2}x raw",
+            p.time * 1e3,
+            raw_t / p.time,
         );
         println!(
             "{name}: share of restore time: blake3 not hidden by I/O {:.2}% (staged: hashing + copying {:.2}%), manifest {:.3}%",

@@ -144,6 +144,11 @@ impl StorageFile for FsFile {
         self.0.read_exact_at(buf, offset)
     }
 
+    #[cfg(target_os = "linux")]
+    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+        preadv_exact(&self.0, offset, bufs)
+    }
+
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.0.write_all_at(data, offset)
     }
@@ -166,6 +171,58 @@ impl StorageFile for FsFile {
 
     fn resident(&self) -> bool {
         self.size().is_ok_and(|len| resident(&self.0, len))
+    }
+}
+
+/// `preadv(2)` until every buffer is full: short reads resume where they stopped, at most
+/// `IOV_MAX` buffers go in one call, and the end of the file first is `UnexpectedEof`.
+#[cfg(target_os = "linux")]
+fn preadv_exact(file: &File, mut offset: u64, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+    /// `IOV_MAX` on Linux.
+    const MAX_IOV: usize = 1024;
+    // The next buffer to fill, and how much of it is filled.
+    let (mut i, mut filled) = (0, 0);
+    let mut iov = Vec::with_capacity(bufs.len().min(MAX_IOV));
+    loop {
+        while i < bufs.len() && filled == bufs[i].len() {
+            (i, filled) = (i + 1, 0);
+        }
+        if i == bufs.len() {
+            return Ok(());
+        }
+        iov.clear();
+        for (j, buf) in bufs[i..].iter_mut().take(MAX_IOV).enumerate() {
+            let rest = &mut buf[if j == 0 { filled } else { 0 }..];
+            iov.push(libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            });
+        }
+        let at = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: every iovec points into a distinct buffer we hold mutably, for its length.
+        let n = unsafe { libc::preadv(file.as_raw_fd(), iov.as_ptr(), iov.len() as i32, at) };
+        let mut n = match n {
+            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            n => n as usize,
+        };
+        offset += n as u64;
+        while n > 0 {
+            let left = bufs[i].len() - filled;
+            if n < left {
+                filled += n;
+                break;
+            }
+            n -= left;
+            (i, filled) = (i + 1, 0);
+        }
     }
 }
 
@@ -297,6 +354,38 @@ mod tests {
         // Part written, part hole.
         holes.write_at(0, &[1u8; 4096]).unwrap();
         assert!(!holes.resident());
+    }
+
+    /// A scatter read fills every buffer as reading them one by one does: empty buffers,
+    /// more buffers than one `preadv` takes, and the end of the file.
+    #[test]
+    fn a_vectored_read_fills_buffers_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = FsStorage::open(dir.path()).unwrap();
+        let f = st.create(Path::new("f")).unwrap();
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_at(0, &data).unwrap();
+        let lens: Vec<usize> = (0..1500).map(|i| [0, 1, 13, 40][i % 4]).collect();
+        let total: usize = lens.iter().sum();
+        let mut store = vec![0u8; total];
+        let mut bufs: Vec<&mut [u8]> = Vec::new();
+        let mut rest = &mut store[..];
+        for &l in &lens {
+            let (a, b) = rest.split_at_mut(l);
+            bufs.push(a);
+            rest = b;
+        }
+        f.read_vectored_at(100, &mut bufs).unwrap();
+        assert_eq!(store, data[100..100 + total]);
+        let mut one = [0u8; 8];
+        let mut past: Vec<&mut [u8]> = vec![&mut one[..4], &mut []];
+        assert!(f
+            .read_vectored_at(data.len() as u64 - 2, &mut past)
+            .is_err());
+        let mut two = [0u8; 2];
+        f.read_vectored_at(data.len() as u64 - 2, &mut [&mut two[..], &mut []])
+            .unwrap();
+        assert_eq!(two, data[data.len() - 2..]);
     }
 
     /// The fallback for kernels without `cachestat` gives the same answers.

@@ -37,6 +37,17 @@ pub trait StorageFile: Send + Sync + Debug {
     fn size(&self) -> io::Result<u64>;
     /// Fills `buf` from `offset`, or fails (`UnexpectedEof` past the end).
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Fills `bufs` in order from `offset` (a scatter read: the pages of a paged cache take
+    /// one system call, not one each), or fails as [`read_at`](Self::read_at) does. The
+    /// default reads the buffers one by one.
+    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs.iter_mut() {
+            self.read_at(at, buf)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
     /// Truncates or zero-extends.
     fn set_len(&self, len: u64) -> io::Result<()>;

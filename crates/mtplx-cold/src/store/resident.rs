@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::blocks::{BlocksRead, Failed, LayerRows, Plan};
+use super::blocks::{BlocksRead, Failed, GatherHasher, LayerRows, Plan};
 use super::read::{blob_name, check_header, from_le};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody};
@@ -112,7 +112,7 @@ impl Work<'_, '_> {
             .take()
             .expect("each block is claimed once");
         let mut hashing = Duration::ZERO;
-        let mut hasher = blake3::Hasher::new();
+        let mut hasher = GatherHasher::default();
         hasher.update(&head[..CHECKSUM_AT]);
         let mut offset = HEADER_LEN as u64;
         let span = n * plan.row;
@@ -134,11 +134,11 @@ impl Work<'_, '_> {
                 rows.fill(&sk[..take], &sv[..take]);
                 continue;
             }
-            for part in rows.file_order() {
-                file.read_at(offset, bytemuck::cast_slice_mut(part))
-                    .map_err(io)?;
-                offset += part.len() as u64 * 4;
-            }
+            let mut parts: Vec<&mut [u8]> =
+                rows.file_order().map(bytemuck::cast_slice_mut).collect();
+            let len: usize = parts.iter().map(|p| p.len()).sum();
+            file.read_vectored_at(offset, &mut parts).map_err(io)?;
+            offset += len as u64;
             let t = Instant::now();
             for part in rows.file_order() {
                 hasher.update(bytemuck::cast_slice(part));
@@ -146,7 +146,7 @@ impl Work<'_, '_> {
             hashing += t.elapsed();
             rows.file_order().for_each(from_le);
         }
-        if *hasher.finalize().as_bytes() != sum {
+        if hasher.finalize() != sum {
             return Err(blob(ReadError::Checksum {
                 blob: blob_name(BlobKind::KvBlock, &key),
             }));
