@@ -68,6 +68,16 @@ struct Rows {
 }
 
 impl Rows {
+    /// Room for `need` values in `k` and `v`: doubling, but never past `cap` (the segment's
+    /// full size).
+    fn reserve_for(&mut self, need: usize, cap: usize) {
+        if need > self.k.capacity() {
+            let grown = (self.k.capacity() * 2).max(need).min(cap);
+            self.k.reserve_exact(grown - self.k.len());
+            self.v.reserve_exact(grown - self.v.len());
+        }
+    }
+
     fn bytes(&self) -> usize {
         (self.k.capacity() + self.v.capacity()) * std::mem::size_of::<f32>()
     }
@@ -301,11 +311,7 @@ impl KvCache for Segmented {
             let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
             let take = room.min(n - done);
             let need = (s.len + take) * row;
-            if need > rows.k.capacity() {
-                let grown = (rows.k.capacity() * 2).max(need).min((s.len + room) * row);
-                rows.k.reserve_exact(grown - rows.k.len());
-                rows.v.reserve_exact(grown - rows.v.len());
-            }
+            rows.reserve_for(need, (s.len + room) * row);
             let src = done * row..(done + take) * row;
             rows.k.extend_from_slice(&k[src.clone()]);
             rows.v.extend_from_slice(&v[src]);
@@ -332,11 +338,7 @@ impl KvCache for Segmented {
                     let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
                     let take = room.min(n - done);
                     let need = (s.len + take) * row;
-                    if need > rows.k.capacity() {
-                        let grown = (rows.k.capacity() * 2).max(need).min((s.len + room) * row);
-                        rows.k.reserve_exact(grown - rows.k.len());
-                        rows.v.reserve_exact(grown - rows.v.len());
-                    }
+                    rows.reserve_for(need, (s.len + room) * row);
                     // A new tail already holds its zeroed rows; an old one grows by them.
                     rows.k.resize(need, 0.0);
                     rows.v.resize(need, 0.0);
