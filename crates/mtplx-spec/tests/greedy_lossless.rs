@@ -6,21 +6,10 @@
 mod common;
 
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Generator, LanguageModel, Model, WeightFormat};
+use mtplx_model::{LanguageModel, Model, WeightFormat};
 use mtplx_spec::{
     generate, DepthPolicy, DraftModel, DraftSampling, PromptLookup, Proposer, SpecDecoder,
 };
-
-fn plain(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
-    let mut cache = common::cache(model);
-    let mut g = Generator::new(model, cache.as_mut(), prompt, Sampler::greedy(), 64).unwrap();
-    for _ in 0..n {
-        g.step().unwrap();
-    }
-    let tokens = g.generated().to_vec();
-    drop(g);
-    (tokens, common::kv_bits(cache.as_ref()))
-}
 
 fn speculative(
     model: &Model,
@@ -40,7 +29,7 @@ fn speculative(
 
 fn check_all(target: &Model, draft: impl Fn() -> Model, prompts: &[Vec<u32>], n: usize) {
     for prompt in prompts {
-        let (want, want_kv) = plain(target, prompt, n);
+        let (want, want_kv) = common::plain_greedy(target, prompt, n);
         for depth in 1..=4 {
             let mut proposers: Vec<Box<dyn Proposer>> = vec![
                 Box::new(PromptLookup::default()),

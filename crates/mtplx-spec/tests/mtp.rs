@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::stats::{chi_square, critical, exact_pairs, sampling, PROMPT, SAMPLES};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use mtplx_kv::CacheFactory;
 use mtplx_model::mtp::{self, tensor_name, MtpHead, Vocab};
 use mtplx_model::sampling::{Penalties, RandomSampling, Rng, Sampler, Sampling};
 use mtplx_model::source::TensorRole;
-use mtplx_model::{Generator, LanguageModel, Model, ModelConfig, ModelError, Want};
+use mtplx_model::{LanguageModel, Model, ModelConfig, ModelError};
 use mtplx_spec::{
     generate, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptHidden, PromptLookup,
     Proposer, SpecDecoder,
@@ -139,17 +141,6 @@ fn head_loads_from_mtp_safetensors_and_names_what_is_wrong() {
     );
 }
 
-fn plain(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
-    let mut cache = common::cache(model);
-    let mut g = Generator::new(model, cache.as_mut(), prompt, Sampler::greedy(), 64).unwrap();
-    for _ in 0..n {
-        g.step().unwrap();
-    }
-    let tokens = g.generated().to_vec();
-    drop(g);
-    (tokens, common::kv_bits(cache.as_ref()))
-}
-
 fn speculative(
     model: &Model,
     prompt: &[u32],
@@ -200,7 +191,7 @@ fn tiny_head_greedy_equals_plain_decoding() {
     ];
     let factory = CacheFactory::contiguous();
     for prompt in &prompts {
-        let (want, want_kv) = plain(&trunk, prompt, 24);
+        let (want, want_kv) = common::plain_greedy(&trunk, prompt, 24);
         for head in &heads {
             for depth in 1..=4 {
                 let mut p = MtpProposer::new(&trunk, head.clone(), &factory, DraftSampling::Greedy);
@@ -256,7 +247,7 @@ fn shipped_head_greedy_equals_plain_decoding_on_the_default_model() {
     let factory = CacheFactory::contiguous();
     let mut accepted = 0;
     for prompt in &prompts {
-        let (want, _) = plain(trunk, prompt, 12);
+        let (want, _) = common::plain_greedy(trunk, prompt, 12);
         for depth in 1..=4 {
             let mut p = MtpProposer::new(trunk, head.clone(), &factory, DraftSampling::Greedy);
             let (got, _, stats) = speculative(trunk, prompt, 12, &mut p, depth);
@@ -269,76 +260,6 @@ fn shipped_head_greedy_equals_plain_decoding_on_the_default_model() {
         accepted > 0,
         "the shipped head never drafted the trunk's token"
     );
-}
-
-const PROMPT: [u32; 7] = [3, 41, 97, 5, 200, 17, 64];
-const SAMPLES: u64 = 20_000;
-
-fn sampling(seed: u64) -> RandomSampling {
-    RandomSampling {
-        temperature: 1.0,
-        top_k: 4,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed,
-    }
-}
-
-/// Exact probability of each two-token continuation under plain sampling.
-fn exact_pairs(model: &Model, s: RandomSampling) -> BTreeMap<(u32, u32), f64> {
-    let mut out = BTreeMap::new();
-    let mut cache = common::cache(model);
-    let first = model.forward(&PROMPT, cache.as_mut(), Want::Last).unwrap();
-    let d0 = s.distribution(first.last_logits());
-    for (&t0, &p0) in d0.tokens.iter().zip(&d0.probs) {
-        let mut c = common::cache(model);
-        let mut ctx = PROMPT.to_vec();
-        ctx.push(t0);
-        let next = model.forward(&ctx, c.as_mut(), Want::Last).unwrap();
-        let d1 = s.distribution(next.last_logits());
-        for (&t1, &p1) in d1.tokens.iter().zip(&d1.probs) {
-            *out.entry((t0, t1)).or_default() += p0 as f64 * p1 as f64;
-        }
-    }
-    out
-}
-
-/// Pearson's statistic (bins with expected count < 5 pooled) and degrees of freedom.
-fn chi_square(
-    counts: &BTreeMap<(u32, u32), u64>,
-    expected: &BTreeMap<(u32, u32), f64>,
-    n: f64,
-) -> (f64, usize) {
-    let (mut stat, mut bins) = (0.0, 0);
-    let (mut pooled_obs, mut pooled_exp) = (0.0, 0.0);
-    for (k, &p) in expected {
-        let obs = *counts.get(k).unwrap_or(&0) as f64;
-        if n * p < 5.0 {
-            pooled_obs += obs;
-            pooled_exp += n * p;
-        } else {
-            stat += (obs - n * p).powi(2) / (n * p);
-            bins += 1;
-        }
-    }
-    pooled_obs += counts
-        .iter()
-        .filter(|(k, _)| !expected.contains_key(k))
-        .map(|(_, c)| *c as f64)
-        .sum::<f64>();
-    if pooled_exp > 0.0 {
-        stat += (pooled_obs - pooled_exp).powi(2) / pooled_exp;
-        bins += 1;
-    } else if pooled_obs > 0.0 {
-        stat = f64::INFINITY;
-    }
-    (stat, bins.max(2) - 1)
-}
-
-/// Wilson–Hilferty 0.999 quantile of chi-square with `df` degrees of freedom.
-fn critical(df: usize) -> f64 {
-    let k = df as f64;
-    k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3)
 }
 
 #[test]

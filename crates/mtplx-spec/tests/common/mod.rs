@@ -1,5 +1,7 @@
 #![allow(dead_code)]
 
+pub mod stats;
+
 use std::path::PathBuf;
 
 use mtplx_kv::{CacheFactory, KvCache, KvView};
@@ -51,4 +53,23 @@ pub fn kv_bits(cache: &dyn KvView) -> Vec<u32> {
         all.extend(k.iter().chain(&v).map(|x| x.to_bits()));
     }
     all
+}
+
+/// Greedy plain decoding of `n` tokens after `prompt`: the tokens, and the KV's bits.
+pub fn plain_greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut c = cache(model);
+    let mut g = mtplx_model::Generator::new(
+        model,
+        c.as_mut(),
+        prompt,
+        mtplx_model::sampling::Sampler::greedy(),
+        64,
+    )
+    .unwrap();
+    for _ in 0..n {
+        g.step().unwrap();
+    }
+    let tokens = g.generated().to_vec();
+    drop(g);
+    (tokens, kv_bits(c.as_ref()))
 }
