@@ -225,7 +225,10 @@ impl Drop for Reservation {
 }
 
 /// The identity states are stored under: the model, the chat template's behaviour (a hash
-/// of a probe conversation rendered by it), whether an MTP head runs, and the weights.
+/// of a probe conversation rendered by it), and the weights. `mtp` is always off: the
+/// stored state is the trunk's K/V, which no head changes, and the head's own state is not
+/// stored (measured not to pay; `models/mtp/README.md`), so a head starts its context at
+/// the restored boundary.
 fn identity(bundle: &Bundle, weights: &str) -> Identity {
     let template = bundle.template.as_ref().map_or_else(
         || "none".to_string(),
