@@ -1,4 +1,5 @@
-//! Greedy chat generation from the command line:
+//! Greedy chat generation from the command line (the rendered prompt's token ids go to
+//! stderr):
 //! `cargo run --release -p mtplx-model --example generate -- MODEL [f32|quantized] "prompt"`.
 
 use std::time::Instant;
@@ -27,6 +28,7 @@ fn main() -> anyhow::Result<()> {
     };
     let text = b.template.as_ref().expect("chat template").render(&req)?;
     let ids = b.tokenizer.encode(&text, true)?;
+    eprintln!("prompt ids ({}): {ids:?}", ids.len());
     let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
     let t = Instant::now();
     let out = generate_greedy(
