@@ -32,6 +32,8 @@ pub struct SpecDecoder<'a> {
     /// Trunk hidden rows not yet shown to the proposer: `(first position, [n, hidden])`,
     /// for positions whose next token is in `tokens`.
     unseen: Option<(usize, Vec<f32>)>,
+    /// The verify pass's output, reused: a step allocates no logits once it has grown.
+    out: ForwardOutput,
     pub stats: SpecStats,
 }
 
@@ -97,6 +99,7 @@ impl<'a> SpecDecoder<'a> {
             prompt_len: prompt.len(),
             tokens,
             unseen: Some((first_pos, out.hidden)),
+            out: ForwardOutput::default(),
             stats: SpecStats::default(),
         })
     }
@@ -168,15 +171,18 @@ impl<'a> SpecDecoder<'a> {
         let mut input = Vec::with_capacity(k + 1);
         input.push(self.tokens[old_len - 1]);
         input.extend_from_slice(&draft.tokens);
-        let out = self.model.forward(&input, self.cache, Want::All)?;
+        self.model
+            .forward_into(&input, self.cache, Want::All, &mut self.out)?;
 
         let mut emitted = Vec::with_capacity(k + 1);
         for i in 0..=k {
             let mut history = self.tokens[self.prompt_len..].to_vec();
             history.extend_from_slice(&emitted);
-            let target =
-                self.sampler
-                    .target(out.logits_row(i), &self.tokens[..self.prompt_len], &history);
+            let target = self.sampler.target(
+                self.out.logits_row(i),
+                &self.tokens[..self.prompt_len],
+                &history,
+            );
             if i == k {
                 emitted.push(self.pick(target));
                 if k > 0 {
@@ -212,7 +218,7 @@ impl<'a> SpecDecoder<'a> {
         self.cache.truncate(old_len + cut - 1);
         self.tokens.extend_from_slice(&emitted[..cut]);
         let h = self.model.config().hidden_size;
-        self.unseen = Some((old_len - 1, out.hidden[..cut * h].to_vec()));
+        self.unseen = Some((old_len - 1, self.out.hidden[..cut * h].to_vec()));
         Ok(StepOutcome {
             appended: cut,
             drafted: k,
