@@ -1,7 +1,8 @@
 //! Decode speed of plain decoding against speculation, side by side in one run: the MTP
 //! head (`models/mtp/`) at depths 1-3, prompt lookup at depth 3, and prompt lookup falling
-//! back to the MTP head (depths 2 and 3, and the cost policy up to 3), on three chat turns and on two code-editing turns
-//! (a file in the context, the answer rewrites part of it), 48 new tokens each. All prompts
+//! back to the MTP head (depths 2 and 3, the cost policy up to 3, and one cost policy per
+//! draft source), on three chat turns and on two code-editing turns
+//! (a file in the context, the answer rewrites part of it), 48 new tokens each (`MTPLX_SPEC_TOKENS` sets another count). All prompts
 //! are held out from the head's training. Greedy, the default model's native weights, the
 //! process's thread pool (2 threads under `cargo xtask bench`). Before the timings, one run
 //! of each prints its acceptance by depth.
@@ -25,7 +26,14 @@ use mtplx_spec::{
     SpecDecoder, SpecStats, TrunkRows,
 };
 
-const NEW_TOKENS: usize = 48;
+/// New tokens per prompt (`MTPLX_SPEC_TOKENS` overrides: adaptive policies learn over longer
+/// answers).
+fn new_tokens() -> usize {
+    std::env::var("MTPLX_SPEC_TOKENS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(48)
+}
 
 /// Held-out chat prompts (never trained on; `xtask/src/train_mtp.rs` EVAL_CHAT).
 const CHAT: &[&str] = &[
@@ -76,7 +84,7 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("decode48/{name}"));
         g.sample_size(10)
             .warm_up_time(Duration::from_millis(100))
-            .throughput(Throughput::Elements((NEW_TOKENS * texts.len()) as u64));
+            .throughput(Throughput::Elements((new_tokens() * texts.len()) as u64));
         // Each prompt is prefilled once; each iteration decodes from a restored copy. The
         // head observes the prompt once (as the server's prefill shows it); each iteration
         // drafts from a fork.
@@ -115,7 +123,7 @@ fn bench(c: &mut Criterion) {
                 let mut gen =
                     Generator::new(model, cache.as_mut(), &case.ids, Sampler::greedy(), 512)
                         .unwrap();
-                for _ in 1..NEW_TOKENS {
+                for _ in 1..new_tokens() {
                     gen.step().unwrap();
                 }
             }
@@ -136,15 +144,23 @@ fn bench(c: &mut Criterion) {
                         min_lookup: 2,
                     }),
                 };
-                // `…-cost`: the cost policy, exploring depths 0..=depth by measured time.
+                // `…-cost`: the cost policy, exploring depths 0..=depth by measured time;
+                // `…-cost-by-source`: one cost policy for lookup drafts and one for the head's
+                // (the server's default).
                 let mut policy = if kind.ends_with("-cost") {
                     DepthPolicy::cost(depth)
+                } else if kind.ends_with("-cost-by-source") {
+                    DepthPolicy::by_source(DepthPolicy::cost(depth))
                 } else {
                     DepthPolicy::fixed(depth)
                 };
-                generate(&mut d, proposer.as_mut(), &mut policy, NEW_TOKENS, &|_| {
-                    false
-                })
+                generate(
+                    &mut d,
+                    proposer.as_mut(),
+                    &mut policy,
+                    new_tokens(),
+                    &|_| false,
+                )
                 .unwrap();
                 total.merge(&d.stats);
             }
@@ -158,6 +174,7 @@ fn bench(c: &mut Criterion) {
             ("lookup+mtp", 2),
             ("lookup+mtp", 3),
             ("lookup+mtp-cost", 3),
+            ("lookup+mtp-cost-by-source", 3),
         ];
         // One pass outside criterion: acceptance by depth.
         for (kind, depth) in runs {

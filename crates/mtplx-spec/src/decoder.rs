@@ -292,6 +292,34 @@ fn residual(p: &Distribution, q: &Distribution) -> Distribution {
     Distribution { tokens, probs }
 }
 
+impl SpecDecoder<'_> {
+    /// One [`step`](Self::step) at the depth `policy` picks for where the draft will come
+    /// from ([`Proposer::next_source`]), timed and reported back to the policy.
+    pub fn step_with_policy(
+        &mut self,
+        proposer: &mut dyn Proposer,
+        policy: &mut DepthPolicy,
+        max_emit: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<StepOutcome> {
+        let start = Instant::now();
+        let source = proposer.next_source(&DraftContext {
+            tokens: &self.tokens,
+            max_len: policy.max_depth(),
+        });
+        let step = self.step(proposer, policy.depth_for(source), max_emit, is_stop)?;
+        if step.appended > 0 {
+            policy.observe_for(
+                source,
+                step.drafted,
+                step.accepted,
+                start.elapsed().as_secs_f64(),
+            );
+        }
+        Ok(step)
+    }
+}
+
 /// Runs speculative generation to `max_new` tokens or a stop token, with a depth policy.
 pub fn generate(
     decoder: &mut SpecDecoder<'_>,
@@ -304,13 +332,14 @@ pub fn generate(
         if decoder.generated().last().is_some_and(|&t| is_stop(t)) {
             break;
         }
-        let start = Instant::now();
         let left = max_new - decoder.generated().len();
-        let step = decoder.step(proposer, policy.depth(), left, is_stop)?;
-        if step.appended == 0 {
+        if decoder
+            .step_with_policy(proposer, policy, left, is_stop)?
+            .appended
+            == 0
+        {
             break;
         }
-        policy.observe(step.drafted, step.accepted, start.elapsed().as_secs_f64());
     }
     Ok(())
 }

@@ -33,5 +33,5 @@ pub use error::{Result, SpecError};
 pub use lookup::PromptLookup;
 pub use mtp::{LookupThenMtp, MtpProposer};
 pub use policy::{Acceptance, DepthPolicy};
-pub use proposer::{Draft, DraftContext, Proposer, TrunkRows};
+pub use proposer::{Draft, DraftContext, DraftSource, Proposer, TrunkRows};
 pub use stats::SpecStats;

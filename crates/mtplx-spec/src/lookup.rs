@@ -1,7 +1,7 @@
 //! Prompt lookup: draft what followed the last time the context's tail appeared.
 
 use crate::error::Result;
-use crate::proposer::{Draft, DraftContext, Proposer};
+use crate::proposer::{Draft, DraftContext, DraftSource, Proposer};
 
 /// Finds the longest suffix of the context (between `min_ngram` and `max_ngram` tokens)
 /// that occurred earlier, and drafts the tokens that followed its most recent earlier
@@ -45,6 +45,10 @@ impl PromptLookup {
 impl Proposer for PromptLookup {
     fn name(&self) -> &'static str {
         "lookup"
+    }
+
+    fn next_source(&mut self, _: &DraftContext<'_>) -> DraftSource {
+        DraftSource::Lookup
     }
 
     fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {

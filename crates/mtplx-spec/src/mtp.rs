@@ -9,7 +9,7 @@ use mtplx_model::LanguageModel;
 
 use crate::draft_model::DraftSampling;
 use crate::error::Result;
-use crate::proposer::{Draft, DraftContext, Proposer, TrunkRows};
+use crate::proposer::{Draft, DraftContext, DraftSource, Proposer, TrunkRows};
 
 /// Drafts with an [`MtpHead`] fed by the trunk's last hidden states.
 ///
@@ -233,11 +233,28 @@ impl Proposer for LookupThenMtp<'_> {
         self.mtp.observe(rows)
     }
 
-    fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {
-        let found = self.lookup.propose(ctx)?;
-        if found.len() >= self.min_lookup.min(ctx.max_len).max(1) {
-            return Ok(found);
+    fn next_source(&mut self, ctx: &DraftContext<'_>) -> DraftSource {
+        match self.lookup_hit(ctx) {
+            Some(_) => DraftSource::Lookup,
+            None => DraftSource::Model,
         }
-        self.mtp.propose(ctx)
+    }
+
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {
+        match self.lookup_hit(ctx) {
+            Some(found) => Ok(found),
+            None => self.mtp.propose(ctx),
+        }
+    }
+}
+
+impl LookupThenMtp<'_> {
+    /// Prompt lookup's draft, when it is long enough to be preferred to the head's.
+    fn lookup_hit(&mut self, ctx: &DraftContext<'_>) -> Option<Draft> {
+        let tokens = self.lookup.lookup(ctx.tokens, ctx.max_len);
+        (tokens.len() >= self.min_lookup.min(ctx.max_len).max(1)).then_some(Draft {
+            tokens,
+            dists: None,
+        })
     }
 }

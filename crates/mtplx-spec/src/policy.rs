@@ -1,5 +1,7 @@
 //! How many tokens to draft next.
 
+use crate::proposer::DraftSource;
+
 /// A depth policy: asked before each verify step, told what happened after it.
 #[derive(Debug, Clone)]
 pub enum DepthPolicy {
@@ -15,6 +17,15 @@ pub enum DepthPolicy {
     Cost {
         accept: Acceptance,
         step_secs: Vec<Option<f64>>,
+    },
+    /// One policy per [`DraftSource`], each learning from its own steps: prompt lookup's
+    /// copies are free to draft and often long, a model's guesses cost a pass each and are
+    /// accepted less, and one set of statistics for both drafts too deep for one and too
+    /// shallow for the other. [`DepthPolicy::depth`] and [`DepthPolicy::observe`] use the
+    /// model's.
+    BySource {
+        lookup: Box<DepthPolicy>,
+        model: Box<DepthPolicy>,
     },
 }
 
@@ -83,6 +94,7 @@ impl DepthPolicy {
                     .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
                     .0
             }
+            DepthPolicy::BySource { model, .. } => model.depth(),
             DepthPolicy::Cost { accept, step_secs } => {
                 // Explore any depth never timed; then pick the best tokens per second.
                 if let Some(d) = step_secs.iter().position(Option::is_none) {
@@ -111,6 +123,7 @@ impl DepthPolicy {
                 };
             }
             DepthPolicy::ExpectedValue(a) => a.observe(drafted, accepted),
+            DepthPolicy::BySource { model, .. } => model.observe(drafted, accepted, secs),
             DepthPolicy::Cost { accept, step_secs } => {
                 accept.observe(drafted, accepted);
                 if let Some(slot) = step_secs.get_mut(drafted) {
@@ -120,6 +133,43 @@ impl DepthPolicy {
                     });
                 }
             }
+        }
+    }
+
+    /// `policy` once per [`DraftSource`] (see [`DepthPolicy::BySource`]).
+    pub fn by_source(policy: DepthPolicy) -> Self {
+        DepthPolicy::BySource {
+            lookup: Box::new(policy.clone()),
+            model: Box::new(policy),
+        }
+    }
+
+    /// The deepest draft the policy may ask for.
+    pub fn max_depth(&self) -> usize {
+        match self {
+            DepthPolicy::Fixed(d) => *d,
+            DepthPolicy::Streak { max, .. } => *max,
+            DepthPolicy::ExpectedValue(a) => a.max_depth(),
+            DepthPolicy::Cost { step_secs, .. } => step_secs.len().saturating_sub(1),
+            DepthPolicy::BySource { lookup, model } => lookup.max_depth().max(model.max_depth()),
+        }
+    }
+
+    /// The depth to draft next when the draft will come from `source`.
+    pub fn depth_for(&self, source: DraftSource) -> usize {
+        match (self, source) {
+            (DepthPolicy::BySource { lookup, .. }, DraftSource::Lookup) => lookup.depth(),
+            _ => self.depth(),
+        }
+    }
+
+    /// Records the outcome of a step whose draft came from `source`.
+    pub fn observe_for(&mut self, source: DraftSource, drafted: usize, accepted: usize, secs: f64) {
+        match (self, source) {
+            (DepthPolicy::BySource { lookup, .. }, DraftSource::Lookup) => {
+                lookup.observe(drafted, accepted, secs)
+            }
+            (p, _) => p.observe(drafted, accepted, secs),
         }
     }
 
@@ -154,6 +204,44 @@ mod tests {
             p.observe(3, 0, 0.0);
         }
         assert_eq!(p.depth(), 0);
+    }
+
+    /// Lookup drafts that are always accepted and cheap, model drafts that never are: each
+    /// source settles on its own depth, where one set of statistics would mix them.
+    #[test]
+    fn by_source_learns_each_source_apart() {
+        let mut p = DepthPolicy::by_source(DepthPolicy::cost(3));
+        for _ in 0..4 {
+            for src in [DraftSource::Lookup, DraftSource::Model] {
+                let d = p.depth_for(src);
+                let (accepted, secs) = match src {
+                    DraftSource::Lookup => (d, 1.0 + 0.05 * d as f64),
+                    DraftSource::Model => (0, 1.0 + 0.3 * d as f64),
+                };
+                p.observe_for(src, d, accepted, secs);
+            }
+        }
+        for _ in 0..40 {
+            let d = p.depth_for(DraftSource::Lookup);
+            p.observe_for(DraftSource::Lookup, d, d, 1.0 + 0.05 * d as f64);
+            let d = p.depth_for(DraftSource::Model);
+            p.observe_for(DraftSource::Model, d, 0, 1.0 + 0.3 * d as f64);
+        }
+        assert_eq!(p.depth_for(DraftSource::Lookup), 3);
+        assert_eq!(p.depth_for(DraftSource::Model), 0);
+        assert_eq!(p.max_depth(), 3);
+        // One shared cost policy fed the same steps lands on a single depth for both.
+        let mut shared = DepthPolicy::cost(3);
+        for _ in 0..44 {
+            let d = shared.depth();
+            shared.observe(d, d, 1.0 + 0.05 * d as f64);
+            let d = shared.depth();
+            shared.observe(d, 0, 1.0 + 0.3 * d as f64);
+        }
+        assert_eq!(
+            shared.depth_for(DraftSource::Lookup),
+            shared.depth_for(DraftSource::Model)
+        );
     }
 
     #[test]

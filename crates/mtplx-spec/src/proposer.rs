@@ -33,6 +33,17 @@ impl Draft {
     }
 }
 
+/// Where a draft comes from. Depth policies can keep statistics per source
+/// ([`crate::DepthPolicy::by_source`]): a copy found in the context and a model's guess
+/// differ in how often they are accepted and in what drafting them costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DraftSource {
+    /// A continuation copied from the context (prompt lookup): free to draft.
+    Lookup,
+    /// A model's guess (an MTP head, a draft model): each token costs a forward pass.
+    Model,
+}
+
 /// Rows of the trunk's last hidden state (before the final norm) that the decoder kept:
 /// what an MTP head drafts from.
 pub struct TrunkRows<'a> {
@@ -61,6 +72,13 @@ pub trait Proposer {
     /// the model for the prompt's hidden rows (`Want::Hidden`) only then.
     fn wants_hidden(&self) -> bool {
         false
+    }
+
+    /// Where the next draft of up to `ctx.max_len` tokens would come from, asked before the
+    /// depth is chosen. The default: a model's guess.
+    fn next_source(&mut self, ctx: &DraftContext<'_>) -> DraftSource {
+        let _ = ctx;
+        DraftSource::Model
     }
 
     /// Drafts up to `ctx.max_len` tokens after `ctx.tokens` (fewer, or none, is fine).

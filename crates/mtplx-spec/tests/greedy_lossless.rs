@@ -64,6 +64,7 @@ fn check_all(target: &Model, draft: impl Fn() -> Model, prompts: &[Vec<u32>], n:
             DepthPolicy::Streak { depth: 2, max: 4 },
             DepthPolicy::ExpectedValue(mtplx_spec::Acceptance::with_priors(3)),
             DepthPolicy::cost(3),
+            DepthPolicy::by_source(DepthPolicy::cost(3)),
         ] {
             let mut p = PromptLookup::default();
             let (got, _, _) = speculative(target, prompt, n, &mut p, &mut policy);

@@ -16,8 +16,8 @@ use mtplx_model::sampling::{Penalties, RandomSampling, Rng, Sampler, Sampling};
 use mtplx_model::source::TensorRole;
 use mtplx_model::{LanguageModel, Model, ModelConfig, ModelError};
 use mtplx_spec::{
-    generate, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptHidden, PromptLookup,
-    Proposer, SpecDecoder,
+    generate, DepthPolicy, DraftContext, DraftSampling, DraftSource, LookupThenMtp, MtpProposer,
+    PromptHidden, PromptLookup, Proposer, SpecDecoder,
 };
 
 /// Writes a random `mtp.*` head for `c` (f32), with a shortlist when given.
@@ -146,7 +146,7 @@ fn speculative(
     prompt: &[u32],
     n: usize,
     proposer: &mut dyn Proposer,
-    depth: usize,
+    policy: &mut DepthPolicy,
 ) -> (Vec<u32>, Vec<u32>, mtplx_spec::SpecStats) {
     let mut cache = common::cache(model);
     let mut d = SpecDecoder::with_prompt_hidden(
@@ -158,10 +158,7 @@ fn speculative(
         PromptHidden::All,
     )
     .unwrap();
-    generate(&mut d, proposer, &mut DepthPolicy::fixed(depth), n, &|_| {
-        false
-    })
-    .unwrap();
+    generate(&mut d, proposer, policy, n, &|_| false).unwrap();
     let tokens = d.generated().to_vec();
     let stats = d.stats.clone();
     drop(d);
@@ -195,7 +192,8 @@ fn tiny_head_greedy_equals_plain_decoding() {
         for head in &heads {
             for depth in 1..=4 {
                 let mut p = MtpProposer::new(&trunk, head.clone(), &factory, DraftSampling::Greedy);
-                let (got, kv, stats) = speculative(&trunk, prompt, 24, &mut p, depth);
+                let (got, kv, stats) =
+                    speculative(&trunk, prompt, 24, &mut p, &mut DepthPolicy::fixed(depth));
                 assert_eq!(got, want, "mtp depth {depth}");
                 assert_eq!(kv.len(), want_kv.len(), "mtp depth {depth}: KV length");
                 assert!(max_diff(&kv, &want_kv) < 1e-4, "mtp depth {depth}: KV");
@@ -207,11 +205,54 @@ fn tiny_head_greedy_equals_plain_decoding() {
                     mtp: MtpProposer::new(&trunk, head.clone(), &factory, DraftSampling::Greedy),
                     min_lookup: 2,
                 };
-                let (got, _, _) = speculative(&trunk, prompt, 24, &mut both, depth);
+                let (got, _, _) = speculative(
+                    &trunk,
+                    prompt,
+                    24,
+                    &mut both,
+                    &mut DepthPolicy::fixed(depth),
+                );
                 assert_eq!(got, want, "lookup+mtp depth {depth}");
             }
+            // A cost policy per draft source (the server's default) decodes the same.
+            let mut both = LookupThenMtp {
+                lookup: PromptLookup::default(),
+                mtp: MtpProposer::new(&trunk, head.clone(), &factory, DraftSampling::Greedy),
+                min_lookup: 2,
+            };
+            let mut policy = DepthPolicy::by_source(DepthPolicy::cost(3));
+            let (got, _, _) = speculative(&trunk, prompt, 24, &mut both, &mut policy);
+            assert_eq!(got, want, "lookup+mtp, cost by source");
         }
     }
+}
+
+/// Lookup then MTP says where its next draft would come from: the context's copy when the
+/// tail repeats, the head otherwise.
+#[test]
+fn lookup_then_mtp_names_the_source_of_its_next_draft() {
+    let trunk = common::tiny("llama");
+    let dir = tempfile::tempdir().unwrap();
+    let factory = CacheFactory::contiguous();
+    let mut both = LookupThenMtp {
+        lookup: PromptLookup::default(),
+        mtp: MtpProposer::new(
+            &trunk,
+            tiny_head(&trunk, dir.path(), None),
+            &factory,
+            DraftSampling::Greedy,
+        ),
+        min_lookup: 2,
+    };
+    let ctx = |tokens| DraftContext { tokens, max_len: 3 };
+    let repeats = [5, 6, 7, 9, 8, 5, 6];
+    assert_eq!(both.next_source(&ctx(&repeats)), DraftSource::Lookup);
+    assert_eq!(
+        PromptLookup::default().next_source(&ctx(&repeats)),
+        DraftSource::Lookup
+    );
+    let fresh = [5, 6, 7, 9, 8, 10, 11];
+    assert_eq!(both.next_source(&ctx(&fresh)), DraftSource::Model);
 }
 
 /// The shipped head of the default model.
@@ -250,7 +291,8 @@ fn shipped_head_greedy_equals_plain_decoding_on_the_default_model() {
         let (want, _) = common::plain_greedy(trunk, prompt, 12);
         for depth in 1..=4 {
             let mut p = MtpProposer::new(trunk, head.clone(), &factory, DraftSampling::Greedy);
-            let (got, _, stats) = speculative(trunk, prompt, 12, &mut p, depth);
+            let (got, _, stats) =
+                speculative(trunk, prompt, 12, &mut p, &mut DepthPolicy::fixed(depth));
             assert_eq!(got, want, "depth {depth}");
             accepted += stats.accepted_by_depth.first().copied().unwrap_or(0);
         }

@@ -81,11 +81,13 @@ impl PolicyKind {
     fn build(self, depth: usize) -> DepthPolicy {
         match self {
             PolicyKind::None => DepthPolicy::fixed(depth),
-            PolicyKind::Streak => DepthPolicy::Streak { depth, max: depth },
-            PolicyKind::ExpectedValue => {
-                DepthPolicy::ExpectedValue(mtplx_spec::Acceptance::with_priors(depth))
-            }
-            PolicyKind::Cost => DepthPolicy::cost(depth),
+            // Adaptive policies learn per draft source: prompt lookup's copies and the MTP
+            // head's guesses differ in acceptance and in cost.
+            PolicyKind::Streak => DepthPolicy::by_source(DepthPolicy::Streak { depth, max: depth }),
+            PolicyKind::ExpectedValue => DepthPolicy::by_source(DepthPolicy::ExpectedValue(
+                mtplx_spec::Acceptance::with_priors(depth),
+            )),
+            PolicyKind::Cost => DepthPolicy::by_source(DepthPolicy::cost(depth)),
         }
     }
 }
@@ -143,9 +145,7 @@ impl<'a> Decoding<'a> {
                 taken,
             } => {
                 if *taken == decoder.generated().len() {
-                    let start = std::time::Instant::now();
-                    let step = decoder.step(proposer.as_mut(), policy.depth(), max, is_stop)?;
-                    policy.observe(step.drafted, step.accepted, start.elapsed().as_secs_f64());
+                    decoder.step_with_policy(proposer.as_mut(), policy, max, is_stop)?;
                 }
                 let fresh = &decoder.generated()[*taken..];
                 let n = fresh.len().min(max);
