@@ -1,10 +1,11 @@
 //! Decode speed of plain decoding against speculation, side by side in one run: the MTP
 //! head (`models/mtp/`) at depths 1-3, prompt lookup at depth 3, and prompt lookup falling
-//! back to the MTP head (depths 2 and 3, the cost policy up to 3, and one cost policy per
-//! draft source), on three chat turns and on two code-editing turns
-//! (a file in the context, the answer rewrites part of it), 48 new tokens each (`MTPLX_SPEC_TOKENS` sets another count). All prompts
-//! are held out from the head's training. Greedy, the default model's native weights, the
-//! process's thread pool (2 threads under `cargo xtask bench`). Before the timings, one run
+//! back to the MTP head (depths 2 and 3, the cost policy up to 3, one cost policy per draft
+//! source, and that policy carried from each answer to the next), on three chat turns and
+//! on two code-editing turns (a file in the context, the answer rewrites part of it), 48
+//! new tokens each (`MTPLX_SPEC_TOKENS` sets another count). All prompts are held out from
+//! the head's training. Greedy, the default model's native weights, the process's thread
+//! pool (2 threads under `cargo xtask bench`). Before the timings, one run
 //! of each prints its acceptance by depth.
 //!
 //! `MTPLX_SPEC_ROUNDS=n` replaces criterion with `n` interleaved rounds (each times plain
@@ -128,6 +129,8 @@ fn bench(c: &mut Criterion) {
                 }
             }
         };
+        // What `…-learned` carries from one answer to the next.
+        let learned = std::cell::RefCell::new(None::<DepthPolicy>);
         let speculate = |kind: &str, depth: usize| -> SpecStats {
             let mut total = SpecStats::default();
             for case in &cases {
@@ -147,8 +150,13 @@ fn bench(c: &mut Criterion) {
                 // `…-cost`: the cost policy, exploring depths 0..=depth by measured time;
                 // `…-cost-by-source`: one cost policy for lookup drafts and one for the head's
                 // (the server's default).
+                // `…-learned`: that policy carried over from the previous answer.
                 let mut policy = if kind.ends_with("-cost") {
                     DepthPolicy::cost(depth)
+                } else if kind.ends_with("-learned") {
+                    learned
+                        .take()
+                        .unwrap_or_else(|| DepthPolicy::by_source(DepthPolicy::cost(depth)))
                 } else if kind.ends_with("-cost-by-source") {
                     DepthPolicy::by_source(DepthPolicy::cost(depth))
                 } else {
@@ -162,6 +170,9 @@ fn bench(c: &mut Criterion) {
                     &|_| false,
                 )
                 .unwrap();
+                if kind.ends_with("-learned") {
+                    learned.replace(Some(policy));
+                }
                 total.merge(&d.stats);
             }
             total
@@ -175,6 +186,7 @@ fn bench(c: &mut Criterion) {
             ("lookup+mtp", 3),
             ("lookup+mtp-cost", 3),
             ("lookup+mtp-cost-by-source", 3),
+            ("lookup+mtp-cost-by-source-learned", 3),
         ];
         // One pass outside criterion: acceptance by depth.
         for (kind, depth) in runs {
