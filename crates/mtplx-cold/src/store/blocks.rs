@@ -481,7 +481,7 @@ fn read_all<'s>(
 }
 
 /// Fills the sink's rows from the file: each layer's K rows, then its V rows, in file order.
-fn read_into(
+pub(super) fn read_into(
     file: &dyn StorageFile,
     offset: u64,
     rows: &mut [LayerRows<'_>],

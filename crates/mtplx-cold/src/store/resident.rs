@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::blocks::{BlocksRead, Failed, GatherHasher, LayerRows, Plan};
+use super::blocks::{read_into, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
 use super::read::{blob_name, check_header, from_le};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody};
@@ -134,11 +134,8 @@ impl Work<'_, '_> {
                 rows.fill(&sk[..take], &sv[..take]);
                 continue;
             }
-            let mut parts: Vec<&mut [u8]> =
-                rows.file_order().map(bytemuck::cast_slice_mut).collect();
-            let len: usize = parts.iter().map(|p| p.len()).sum();
-            file.read_vectored_at(offset, &mut parts).map_err(io)?;
-            offset += len as u64;
+            read_into(file, offset, std::slice::from_mut(rows)).map_err(io)?;
+            offset += 2 * span as u64 * 4;
             let t = Instant::now();
             for part in rows.file_order() {
                 hasher.update(bytemuck::cast_slice(part));
