@@ -141,11 +141,7 @@ fn bench(c: &mut Criterion) {
                 let mut proposer: Box<dyn Proposer + '_> = match kind {
                     "mtp" => Box::new(case.observed.fork()),
                     "lookup" => Box::new(PromptLookup::default()),
-                    _ => Box::new(LookupThenMtp {
-                        lookup: PromptLookup::default(),
-                        mtp: case.observed.fork(),
-                        min_lookup: 2,
-                    }),
+                    _ => Box::new(LookupThenMtp::new(case.observed.fork())),
                 };
                 // `…-cost`: the cost policy, exploring depths 0..=depth by measured time;
                 // `…-cost-by-source`: one cost policy for lookup drafts and one for the head's

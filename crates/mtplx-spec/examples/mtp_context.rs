@@ -24,8 +24,8 @@ use mtplx_model::mtp::{MtpHead, Vocab};
 use mtplx_model::sampling::Sampler;
 use mtplx_model::{Bundle, Generator, LanguageModel, WeightFormat};
 use mtplx_spec::{
-    generate, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptHidden, PromptLookup,
-    Proposer, SpecDecoder, SpecStats,
+    generate, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptHidden, Proposer,
+    SpecDecoder, SpecStats,
 };
 
 const DEPTH: usize = 3;
@@ -299,11 +299,7 @@ fn proposer<'a>(b: &'a Bundle, head: &Arc<MtpHead>, kind: Kind) -> Box<dyn Propo
     );
     match kind {
         Kind::Mtp => Box::new(mtp),
-        Kind::LookupThenMtp => Box::new(LookupThenMtp {
-            lookup: PromptLookup::default(),
-            mtp,
-            min_lookup: 2,
-        }),
+        Kind::LookupThenMtp => Box::new(LookupThenMtp::new(mtp)),
     }
 }
 

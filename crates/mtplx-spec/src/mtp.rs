@@ -213,11 +213,28 @@ impl Proposer for MtpProposer<'_> {
 
 /// Prompt lookup when the context's tail matched earlier text, the MTP head otherwise: the
 /// lookup wins on copies (code edits), the head on fresh text. Both see every observation.
+/// Like the head, it follows one token stream (the context only grows between calls).
 pub struct LookupThenMtp<'a> {
     pub lookup: crate::PromptLookup,
     pub mtp: MtpProposer<'a>,
     /// Shortest lookup draft preferred to the head's.
     pub min_lookup: usize,
+    /// The lookup [`Proposer::next_source`] made, for the [`Proposer::propose`] after it:
+    /// the context's length, the `max_len` asked, the continuation found. (The continuation
+    /// for a smaller `max_len` is its prefix.)
+    found: Option<(usize, usize, Vec<u32>)>,
+}
+
+impl<'a> LookupThenMtp<'a> {
+    /// Prompt lookup with its default n-grams, preferred when it drafts 2 tokens or more.
+    pub fn new(mtp: MtpProposer<'a>) -> Self {
+        LookupThenMtp {
+            lookup: crate::PromptLookup::default(),
+            mtp,
+            min_lookup: 2,
+            found: None,
+        }
+    }
 }
 
 impl Proposer for LookupThenMtp<'_> {
@@ -234,27 +251,35 @@ impl Proposer for LookupThenMtp<'_> {
     }
 
     fn next_source(&mut self, ctx: &DraftContext<'_>) -> DraftSource {
-        match self.lookup_hit(ctx) {
-            Some(_) => DraftSource::Lookup,
-            None => DraftSource::Model,
-        }
+        let tokens = self.lookup.lookup(ctx.tokens, ctx.max_len);
+        let source = match self.is_hit(tokens.len(), ctx.max_len) {
+            true => DraftSource::Lookup,
+            false => DraftSource::Model,
+        };
+        self.found = Some((ctx.tokens.len(), ctx.max_len, tokens));
+        source
     }
 
     fn propose(&mut self, ctx: &DraftContext<'_>) -> Result<Draft> {
-        match self.lookup_hit(ctx) {
-            Some(found) => Ok(found),
-            None => self.mtp.propose(ctx),
+        // The lookup `next_source` just made, unless the context has moved since.
+        let mut tokens = match self.found.take() {
+            Some((len, max, found)) if len == ctx.tokens.len() && max >= ctx.max_len => found,
+            _ => self.lookup.lookup(ctx.tokens, ctx.max_len),
+        };
+        tokens.truncate(ctx.max_len);
+        match self.is_hit(tokens.len(), ctx.max_len) {
+            true => Ok(Draft {
+                tokens,
+                dists: None,
+            }),
+            false => self.mtp.propose(ctx),
         }
     }
 }
 
 impl LookupThenMtp<'_> {
-    /// Prompt lookup's draft, when it is long enough to be preferred to the head's.
-    fn lookup_hit(&mut self, ctx: &DraftContext<'_>) -> Option<Draft> {
-        let tokens = self.lookup.lookup(ctx.tokens, ctx.max_len);
-        (tokens.len() >= self.min_lookup.min(ctx.max_len).max(1)).then_some(Draft {
-            tokens,
-            dists: None,
-        })
+    /// Whether a lookup draft of `found` tokens is preferred to the head's.
+    fn is_hit(&self, found: usize, max_len: usize) -> bool {
+        found >= self.min_lookup.min(max_len).max(1)
     }
 }

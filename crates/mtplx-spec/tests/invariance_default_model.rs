@@ -140,11 +140,12 @@ fn every_deterministic_proposer_and_depth_gives_plain_tokens_greedy_and_seeded()
                 let mut lookup = PromptLookup::default();
                 let mut mtp =
                     MtpProposer::new(model, head.clone(), &factory, DraftSampling::Greedy);
-                let mut both = LookupThenMtp {
-                    lookup: PromptLookup::default(),
-                    mtp: MtpProposer::new(model, head.clone(), &factory, DraftSampling::Greedy),
-                    min_lookup: 2,
-                };
+                let mut both = LookupThenMtp::new(MtpProposer::new(
+                    model,
+                    head.clone(),
+                    &factory,
+                    DraftSampling::Greedy,
+                ));
                 let proposers: [(&mut dyn Proposer, PromptHidden); 4] = [
                     (&mut lookup, PromptHidden::Last),
                     (&mut mtp, PromptHidden::All),
@@ -199,11 +200,12 @@ fn seeded_tokens_do_not_depend_on_the_layout_or_the_prefill_chunk() {
             let (got, kv) = plain(model, factory, prompt, sampler.clone(), chunk);
             assert_eq!(got, want, "plain, {what}");
             same_bits(&kv, &want_kv, &format!("plain, {what}"));
-            let mut both = LookupThenMtp {
-                lookup: PromptLookup::default(),
-                mtp: MtpProposer::new(model, head.clone(), factory, DraftSampling::Greedy),
-                min_lookup: 2,
-            };
+            let mut both = LookupThenMtp::new(MtpProposer::new(
+                model,
+                head.clone(),
+                factory,
+                DraftSampling::Greedy,
+            ));
             let (got, kv, _) = speculative(
                 model,
                 factory,

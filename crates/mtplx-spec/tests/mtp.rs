@@ -200,11 +200,12 @@ fn tiny_head_greedy_equals_plain_decoding() {
                 // The head drafted at every step (the last may have room for none): its
                 // observations stayed in sync with the decoder.
                 assert!(stats.plain_steps <= 1, "mtp depth {depth}: {stats:?}");
-                let mut both = LookupThenMtp {
-                    lookup: PromptLookup::default(),
-                    mtp: MtpProposer::new(&trunk, head.clone(), &factory, DraftSampling::Greedy),
-                    min_lookup: 2,
-                };
+                let mut both = LookupThenMtp::new(MtpProposer::new(
+                    &trunk,
+                    head.clone(),
+                    &factory,
+                    DraftSampling::Greedy,
+                ));
                 let (got, _, _) = speculative(
                     &trunk,
                     prompt,
@@ -215,11 +216,12 @@ fn tiny_head_greedy_equals_plain_decoding() {
                 assert_eq!(got, want, "lookup+mtp depth {depth}");
             }
             // A cost policy per draft source (the server's default) decodes the same.
-            let mut both = LookupThenMtp {
-                lookup: PromptLookup::default(),
-                mtp: MtpProposer::new(&trunk, head.clone(), &factory, DraftSampling::Greedy),
-                min_lookup: 2,
-            };
+            let mut both = LookupThenMtp::new(MtpProposer::new(
+                &trunk,
+                head.clone(),
+                &factory,
+                DraftSampling::Greedy,
+            ));
             let mut policy = DepthPolicy::by_source(DepthPolicy::cost(3));
             let (got, _, _) = speculative(&trunk, prompt, 24, &mut both, &mut policy);
             assert_eq!(got, want, "lookup+mtp, cost by source");
@@ -234,16 +236,12 @@ fn lookup_then_mtp_names_the_source_of_its_next_draft() {
     let trunk = common::tiny("llama");
     let dir = tempfile::tempdir().unwrap();
     let factory = CacheFactory::contiguous();
-    let mut both = LookupThenMtp {
-        lookup: PromptLookup::default(),
-        mtp: MtpProposer::new(
-            &trunk,
-            tiny_head(&trunk, dir.path(), None),
-            &factory,
-            DraftSampling::Greedy,
-        ),
-        min_lookup: 2,
-    };
+    let mut both = LookupThenMtp::new(MtpProposer::new(
+        &trunk,
+        tiny_head(&trunk, dir.path(), None),
+        &factory,
+        DraftSampling::Greedy,
+    ));
     let ctx = |tokens| DraftContext { tokens, max_len: 3 };
     let repeats = [5, 6, 7, 9, 8, 5, 6];
     assert_eq!(both.next_source(&ctx(&repeats)), DraftSource::Lookup);
@@ -251,6 +249,17 @@ fn lookup_then_mtp_names_the_source_of_its_next_draft() {
         PromptLookup::default().next_source(&ctx(&repeats)),
         DraftSource::Lookup
     );
+    // The draft that follows is that lookup's (cut to the depth chosen), and a context
+    // that has grown since gets a lookup of its own.
+    let draft = both
+        .propose(&DraftContext {
+            tokens: &repeats,
+            max_len: 2,
+        })
+        .unwrap();
+    assert_eq!(draft.tokens, [7, 9]);
+    let grown = [5, 6, 7, 9, 8, 5, 6, 7];
+    assert_eq!(both.propose(&ctx(&grown)).unwrap().tokens, [9, 8, 5]);
     let fresh = [5, 6, 7, 9, 8, 10, 11];
     assert_eq!(both.next_source(&ctx(&fresh)), DraftSource::Model);
 }

@@ -52,16 +52,12 @@ pub(super) fn proposer<'a>(
     Some(match head {
         // Greedy drafts: at any temperature the model's own token is drawn as plain
         // decoding would draw it, so a seeded request gives the same tokens either way.
-        Some(head) => Box::new(LookupThenMtp {
-            lookup: PromptLookup::default(),
-            mtp: MtpProposer::new(
-                model,
-                head.clone(),
-                &CacheFactory::contiguous(),
-                DraftSampling::Greedy,
-            ),
-            min_lookup: 2,
-        }),
+        Some(head) => Box::new(LookupThenMtp::new(MtpProposer::new(
+            model,
+            head.clone(),
+            &CacheFactory::contiguous(),
+            DraftSampling::Greedy,
+        ))),
         None => Box::new(PromptLookup::default()),
     })
 }
