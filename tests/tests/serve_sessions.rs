@@ -30,6 +30,17 @@ fn with_session(body: &Value, session: &str) -> http::Request<http_body_util::Fu
     r
 }
 
+/// Stops a server: its engine thread and SSD store go with the last handle. The store's
+/// directory lock is the last thing released (after the writer drains), so that is what a
+/// restart on the same directory waits for; the bank being gone is not enough.
+async fn stop(state: mtplx_serve::AppState, ssd: &Path) {
+    drop(state);
+    serve_support::eventually("the first server's SSD store to close", || {
+        !mtplx_cold::storage::FsStorage::in_use(ssd).expect("probe the SSD directory lock")
+    })
+    .await;
+}
+
 fn answer(v: &Value) -> String {
     v["choices"][0]["message"]["content"]
         .as_str()
@@ -160,13 +171,7 @@ async fn an_evicted_conversation_comes_back_from_the_ssd_after_a_restart() {
     );
     let done = state.tier().bank().wait_for_spills();
     assert!(done.written >= 1 && done.failed == 0, "{done:?}");
-    // Stop this server: its engine thread and SSD store go with the last handle.
-    let weak = std::sync::Arc::downgrade(state.tier().bank());
-    drop(state);
-    serve_support::eventually("the first server to let go of its bank", || {
-        weak.upgrade().is_none()
-    })
-    .await;
+    stop(state, &ssd).await;
 
     let restarted = state_with(s);
     let two = call(&restarted, with_session(&second_turn(&first), "conv-1")).await;
@@ -305,12 +310,7 @@ async fn a_seeded_answer_restored_from_the_ssd_after_a_restart_is_the_cold_one()
     assert_eq!(call(&state, with_session(&other, "s-2")).await.status, 200);
     let done = state.tier().bank().wait_for_spills();
     assert!(done.written >= 1 && done.failed == 0, "{done:?}");
-    let weak = std::sync::Arc::downgrade(state.tier().bank());
-    drop(state);
-    serve_support::eventually("the first server to let go of its bank", || {
-        weak.upgrade().is_none()
-    })
-    .await;
+    stop(state, &s.cache.ssd_dir).await;
 
     let restarted = state_with(s);
     let second = seeded(second_turn(&first), "mtp");

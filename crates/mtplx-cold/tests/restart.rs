@@ -35,3 +35,19 @@ fn a_second_store_on_a_live_directory_is_refused() {
         "{second:?}"
     );
 }
+
+#[test]
+fn in_use_says_whether_a_live_store_holds_the_directory() {
+    use mtplx_cold::storage::FsStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ssd");
+    assert!(!FsStorage::in_use(&root).unwrap(), "no directory yet");
+    let store = ColdStore::open_dir(&root, config()).unwrap();
+    assert!(FsStorage::in_use(&root).unwrap());
+    // Asking does not take the lock from the store, nor keep it once answered.
+    assert!(FsStorage::in_use(&root).unwrap());
+    drop(store);
+    assert!(!FsStorage::in_use(&root).unwrap());
+    let _again = ColdStore::open_dir(&root, config()).unwrap();
+    assert!(FsStorage::in_use(&root).unwrap());
+}

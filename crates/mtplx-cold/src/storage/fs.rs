@@ -59,6 +59,26 @@ impl FsStorage {
     pub fn root(&self) -> &Path {
         &self.root
     }
+
+    /// Whether a live `FsStorage` (in this process or another) holds `root`'s lock now. A
+    /// store is closed only once its last handle is dropped and its writer has drained, so
+    /// a caller that reopens a directory it just let go of can wait on this.
+    pub fn in_use(root: &Path) -> io::Result<bool> {
+        let lock = match OpenOptions::new().write(true).open(root.join("LOCK")) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        // SAFETY: flock on a descriptor we own; closing it releases a lock we took.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(false);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => Ok(true),
+            _ => Err(e),
+        }
+    }
 }
 
 impl Storage for FsStorage {
