@@ -95,6 +95,25 @@ fn main() -> Result<()> {
             let model = fetch_model()?;
             let env = [("MTPLX_TEST_MODEL", model.display().to_string())];
             cargo(&["test", "--workspace"], &args, &env)?;
+            // The CUDA backend builds everywhere (its libraries load at run time); without a
+            // device its tests check that it fails cleanly and skip the rest.
+            cargo(
+                &[
+                    "test",
+                    "-p",
+                    "mtplx-model",
+                    "-p",
+                    "mtplx-spec",
+                    "--features",
+                    "mtplx-model/cuda,mtplx-spec/cuda",
+                    "--test",
+                    "cuda_backend",
+                    "--test",
+                    "cuda_lossless",
+                ],
+                &args,
+                &env,
+            )?;
         }
         Task::Bench { args } => {
             let model = fetch_model()?;

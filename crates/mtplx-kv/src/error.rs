@@ -34,4 +34,7 @@ pub enum KvError {
     HeadDimTooLarge(usize),
     #[error("the recurrent snapshot's layer shapes differ from the state's")]
     RecurrentShapeMismatch,
+    /// A cache in an accelerator's memory failed to copy or compute.
+    #[error("device: {0}")]
+    Device(String),
 }

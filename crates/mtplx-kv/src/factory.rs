@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use crate::{
     BlockPool, Contiguous, KvCache, KvError, KvShape, KvView, LayoutKind, Paged, Segmented,
 };
@@ -16,6 +18,34 @@ pub enum CacheFactory {
     },
     /// [`Segmented`] caches whose segments hold `segment_tokens` positions.
     Segmented { segment_tokens: usize },
+    /// Caches in an accelerator's memory, built by a model backend ([`LayoutKind::Device`]).
+    Device(DeviceCaches),
+}
+
+/// What a model backend that keeps K/V in an accelerator's memory builds its caches with.
+pub trait MakeDeviceCache: Send + Sync {
+    /// An empty cache on the device.
+    fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache>;
+    /// The device, in words (`cuda:0`).
+    fn name(&self) -> String;
+}
+
+/// A shared [`MakeDeviceCache`]; two are equal when they are the same maker.
+#[derive(Clone)]
+pub struct DeviceCaches(pub Arc<dyn MakeDeviceCache>);
+
+impl PartialEq for DeviceCaches {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for DeviceCaches {}
+
+impl std::fmt::Debug for DeviceCaches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceCaches({})", self.0.name())
+    }
 }
 
 impl CacheFactory {
@@ -45,6 +75,7 @@ impl CacheFactory {
             CacheFactory::Contiguous { .. } => LayoutKind::Contiguous,
             CacheFactory::Paged { .. } => LayoutKind::Paged,
             CacheFactory::Segmented { .. } => LayoutKind::Segmented,
+            CacheFactory::Device(_) => LayoutKind::Device,
         }
     }
 
@@ -60,6 +91,7 @@ impl CacheFactory {
             CacheFactory::Segmented { segment_tokens } => {
                 Box::new(Segmented::new(shape, *segment_tokens))
             }
+            CacheFactory::Device(d) => d.0.new_cache(shape),
         }
     }
 

@@ -66,7 +66,7 @@ mod segmented;
 pub use bytes::{footprint, BufferId};
 pub use contiguous::Contiguous;
 pub use error::KvError;
-pub use factory::CacheFactory;
+pub use factory::{CacheFactory, DeviceCaches, MakeDeviceCache};
 pub use lend::{LentLayer, LentPiece};
 pub use paged::{BlockPool, Paged, PoolStats};
 pub use recurrent::{RecurrentLayerShape, RecurrentSnapshot, RecurrentState};
@@ -104,6 +104,9 @@ pub enum LayoutKind {
     Paged,
     /// [`Segmented`]: shared immutable segments plus a growing tail.
     Segmented,
+    /// Rows in an accelerator's memory, in a cache its model backend built
+    /// ([`CacheFactory::Device`]); its snapshots are host copies.
+    Device,
 }
 
 /// A read-only view of stored K/V rows, whatever the layout: what the bank keeps and what
@@ -206,6 +209,12 @@ pub trait KvCache: KvView {
 
     /// Drops every position at or after `len` in every layer (speculative rollback).
     fn truncate(&mut self, len: usize);
+
+    /// The cache as its concrete type, for the model backend that keeps rows in an
+    /// accelerator's memory and runs attention there itself. Host layouts return `None`.
+    fn device_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 
     /// A frozen copy-on-write view of the current rows: it never changes when this cache
     /// grows or is truncated.

@@ -67,6 +67,10 @@ pub enum ModelError {
     ChatTemplate(#[from] ChatTemplateError),
     #[error("model store: {0}")]
     Store(String),
+    /// The accelerator backend (`cuda`): no device, a driver or NVRTC failure, an
+    /// unsupported model shape, or a cache that does not live on the device.
+    #[error("device: {0}")]
+    Device(String),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

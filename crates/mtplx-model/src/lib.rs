@@ -22,6 +22,8 @@
 mod bundle;
 pub mod chat;
 mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 mod generate;
 pub mod hybrid;

@@ -81,25 +81,45 @@ pub trait LanguageModel: Send + Sync {
     fn head(&self, hidden: &[f32]) -> Result<Vec<f32>>;
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Vec<f32>,
     /// Q, K and V side by side in each output row.
-    qkv: Linear,
-    o: Linear,
+    pub(crate) qkv: Linear,
+    pub(crate) o: Linear,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
+    pub(crate) ffn_norm: Vec<f32>,
     /// Gate and up side by side in each output row.
-    gate_up: Linear,
-    down: Linear,
+    pub(crate) gate_up: Linear,
+    pub(crate) down: Linear,
 }
 
 /// The token embedding table.
-enum Embedding {
+#[derive(Clone)]
+pub(crate) enum Embedding {
     /// `[vocab, hidden]`, dense `f32` (the `F32` and `Quantized` formats).
     Dense(Tensor),
     /// The file's own blocks; a lookup dequantizes one row. Shared with a tied output head.
     Table(Arc<QuantMatrix>),
+}
+
+impl Embedding {
+    /// Rows `tokens` (checked to be in the vocabulary) into `x` (`[n, hidden]`).
+    pub(crate) fn lookup(&self, tokens: &[u32], h: usize, x: &mut [f32]) -> Result<()> {
+        match self {
+            Embedding::Table(m) => {
+                for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
+                    m.dequantize_row(t as usize, row);
+                }
+            }
+            Embedding::Dense(t) => {
+                let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
+                let rows = t.index_select(&ids, 0)?.flatten_all()?.to_vec1::<f32>()?;
+                x.copy_from_slice(&rows);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Activation buffers of a forward pass, kept between calls so that a decode step
@@ -144,11 +164,11 @@ impl Scratch {
 pub struct Model {
     config: ModelConfig,
     format: WeightFormat,
-    embed: Embedding,
-    layers: Vec<Layer>,
-    final_norm: Vec<f32>,
-    lm_head: Linear,
-    rope: Rope,
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) final_norm: Vec<f32>,
+    pub(crate) lm_head: Linear,
+    pub(crate) rope: Rope,
     scratch: Mutex<Scratch>,
 }
 
@@ -314,20 +334,7 @@ impl Model {
     /// Embeds `tokens` into `x` (`[n, hidden]`).
     fn embed_into(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         self.check_tokens(tokens)?;
-        let h = self.config.hidden_size;
-        match &self.embed {
-            Embedding::Table(m) => {
-                for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
-                    m.dequantize_row(t as usize, row);
-                }
-            }
-            Embedding::Dense(t) => {
-                let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-                let rows = t.index_select(&ids, 0)?.flatten_all()?.to_vec1::<f32>()?;
-                x.copy_from_slice(&rows);
-            }
-        }
-        Ok(())
+        self.embed.lookup(tokens, self.config.hidden_size, x)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {

@@ -103,33 +103,90 @@ pub enum Vocab {
     Top(usize),
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
 }
 
 /// A loaded MTP head, bound to the geometry of its trunk.
 pub struct MtpHead {
-    config: ModelConfig,
-    norm_embedding: Vec<f32>,
-    norm_hidden: Vec<f32>,
-    fc: Linear,
-    layer: Layer,
-    norm: Vec<f32>,
+    pub(crate) config: ModelConfig,
+    pub(crate) norm_embedding: Vec<f32>,
+    pub(crate) norm_hidden: Vec<f32>,
+    pub(crate) fc: Linear,
+    pub(crate) layer: Layer,
+    pub(crate) norm: Vec<f32>,
     /// Token id of each output row (`None`: row `i` is token `i`).
-    ids: Option<Vec<u32>>,
+    pub(crate) ids: Option<Vec<u32>>,
     /// The tied output rows (`[ids.len() or vocab, hidden]`).
-    out: Linear,
-    rope: Rope,
+    pub(crate) out: Linear,
+    pub(crate) rope: Rope,
+}
+
+/// What the MTP proposer drafts with: the head's layer and its scores, on some backend
+/// ([`MtpHead`] on the CPU; the CUDA backend's head on the GPU).
+pub trait MtpRunner: Send + Sync {
+    /// The KV geometry of the head's own cache (one layer).
+    fn kv_shape(&self) -> KvShape;
+    fn hidden_size(&self) -> usize;
+    /// Positions the head can reach.
+    fn max_positions(&self) -> usize;
+    /// Token id of output row `i`.
+    fn token_of(&self, i: usize) -> u32;
+    /// Runs the head's layer over `n` rows (as [`MtpHead::forward`]), appending their K/V
+    /// to `cache`, and returns the last row's output (`[H]`, before `mtp.norm`) and its
+    /// scores (see [`MtpRunner::token_of`]): what the next draft token is picked from and
+    /// the one after it continues from.
+    fn last_row(
+        &self,
+        trunk: &dyn LanguageModel,
+        hidden: &[f32],
+        next: &[u32],
+        cache: &mut dyn KvCache,
+        pos0: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)>;
+}
+
+impl MtpRunner for MtpHead {
+    fn kv_shape(&self) -> KvShape {
+        MtpHead::kv_shape(self)
+    }
+
+    fn hidden_size(&self) -> usize {
+        MtpHead::hidden_size(self)
+    }
+
+    fn max_positions(&self) -> usize {
+        MtpHead::max_positions(self)
+    }
+
+    fn token_of(&self, i: usize) -> u32 {
+        MtpHead::token_of(self, i)
+    }
+
+    fn last_row(
+        &self,
+        trunk: &dyn LanguageModel,
+        hidden: &[f32],
+        next: &[u32],
+        cache: &mut dyn KvCache,
+        pos0: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let h = self.hidden_size();
+        let mut x = self.forward(trunk, hidden, next, cache, pos0)?;
+        let last = x.split_off(x.len() - h);
+        let logits = self.logits(&last)?;
+        Ok((last, logits))
+    }
 }
 
 /// A single `.safetensors` file as a [`WeightSource`] with the MTP names.

@@ -101,6 +101,15 @@ impl Rope {
         }
     }
 
+    /// The cosine and sine tables, `[max_positions, head_dim / 2]` each.
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
+    pub fn style(&self) -> RopeStyle {
+        self.style
+    }
+
     pub fn max_positions(&self) -> usize {
         self.cos.len() / self.half
     }

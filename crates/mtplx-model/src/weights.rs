@@ -296,6 +296,52 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// The weight as row-major `[out, in]` `f32` values, dequantized: what a backend that
+    /// keeps its own copy of the weights uploads.
+    pub fn dense_rows(&self) -> Result<Vec<f32>> {
+        match &self.kind {
+            LinearKind::Dense(t) => Ok(t.flatten_all()?.to_vec1::<f32>()?),
+            LinearKind::Quantized(QMatMul::QTensor(q)) => Ok(q
+                .dequantize(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?),
+            LinearKind::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => Ok(t
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?),
+            LinearKind::Kernel(m) => {
+                let mut w = vec![0f32; self.out_features * self.in_features];
+                for (r, row) in w.chunks_exact_mut(self.in_features).enumerate() {
+                    m.dequantize_row(r, row);
+                }
+                Ok(w)
+            }
+            LinearKind::Parts(parts) => {
+                let mut w = Vec::with_capacity(self.out_features * self.in_features);
+                for p in parts {
+                    w.extend(p.dense_rows()?);
+                }
+                Ok(w)
+            }
+        }
+    }
+
+    /// The bias added to every output row, if any (for a concatenation, the parts' biases
+    /// side by side, zeros where a part has none).
+    pub fn bias(&self) -> Option<Vec<f32>> {
+        match &self.kind {
+            LinearKind::Parts(parts) if parts.iter().any(|p| p.bias().is_some()) => Some(
+                parts
+                    .iter()
+                    .flat_map(|p| p.bias().unwrap_or_else(|| vec![0.0; p.out_features]))
+                    .collect(),
+            ),
+            _ => self.bias.clone(),
+        }
+    }
+}
+
 fn kernel_error(e: QuantMatrixError) -> ModelError {
     ModelError::Kernel(e)
 }

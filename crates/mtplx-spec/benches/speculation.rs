@@ -11,6 +11,10 @@
 //! `MTPLX_SPEC_ROUNDS=n` replaces criterion with `n` interleaved rounds (each times plain
 //! and every variant once, in a rotating order) and prints each variant's median and its
 //! ratio to plain's median: a quick side-by-side figure, e.g. across `MTPLX_THREADS`.
+//!
+//! `MTPLX_DEVICE=cuda` (built with `--features cuda`) runs the trunk on the GPU: the CUDA
+//! backend's model and device KV caches, and the MTP head there too (`MTPLX_SPEC_HEAD=cpu`
+//! keeps the head on the CPU). Prompt lookup runs on the CPU.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,7 +23,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use mtplx_kv::CacheFactory;
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
-use mtplx_model::mtp::{MtpHead, Vocab};
+use mtplx_model::mtp::{MtpHead, MtpRunner, Vocab};
 use mtplx_model::sampling::Sampler;
 use mtplx_model::{Bundle, Generator, LanguageModel, Want, WeightFormat};
 use mtplx_spec::{
@@ -71,7 +75,26 @@ fn bench(c: &mut Criterion) {
             mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
         });
     let b = Bundle::load(&path, WeightFormat::Native).expect("default model");
-    let model = &b.model;
+    let cuda = std::env::var("MTPLX_DEVICE").is_ok_and(|d| d == "cuda");
+    #[cfg(feature = "cuda")]
+    let gpu = cuda.then(|| {
+        let dev = mtplx_model::cuda::CudaDevice::open(0).expect("MTPLX_DEVICE=cuda: a device");
+        eprintln!("trunk on {dev:?}");
+        mtplx_model::cuda::CudaModel::from_model(&b.model, dev).expect("upload the model")
+    });
+    #[cfg(feature = "cuda")]
+    let (model, factory): (&dyn LanguageModel, CacheFactory) = match &gpu {
+        Some(g) => (g, g.cache_factory()),
+        None => (&b.model, CacheFactory::contiguous()),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let (model, factory): (&dyn LanguageModel, CacheFactory) = {
+        assert!(
+            !cuda,
+            "MTPLX_DEVICE=cuda needs the bench built with --features cuda"
+        );
+        (&b.model, CacheFactory::contiguous())
+    };
     let shape = model.config().kv_shape();
     let head_path = std::env::var_os("MTPLX_MTP_HEAD")
         .map(PathBuf::from)
@@ -79,8 +102,23 @@ fn bench(c: &mut Criterion) {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("../../models/mtp/smollm2-135m-mtp.safetensors")
         });
-    let head = Arc::new(MtpHead::load(&head_path, model, Vocab::FromFile).expect("MTP head"));
-    let factory = CacheFactory::contiguous();
+    let cpu_head = MtpHead::load(&head_path, model, Vocab::FromFile).expect("MTP head");
+    let head_on_cpu = std::env::var("MTPLX_SPEC_HEAD").is_ok_and(|h| h == "cpu");
+    // The head, and the factory of its own one-layer cache, where the head runs.
+    #[cfg(feature = "cuda")]
+    let (head, head_factory): (Arc<dyn MtpRunner>, CacheFactory) = match &gpu {
+        Some(g) if !head_on_cpu => {
+            let h = mtplx_model::cuda::CudaMtpHead::new(&cpu_head, g).expect("upload the head");
+            eprintln!("MTP head on the GPU");
+            (Arc::new(h), g.cache_factory())
+        }
+        _ => (Arc::new(cpu_head), CacheFactory::contiguous()),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let (head, head_factory): (Arc<dyn MtpRunner>, CacheFactory) = {
+        let _ = head_on_cpu;
+        (Arc::new(cpu_head), CacheFactory::contiguous())
+    };
     for (name, texts) in [("chat", CHAT), ("code_edit", CODE)] {
         let mut g = c.benchmark_group(format!("decode48/{name}"));
         g.sample_size(10)
@@ -98,7 +136,7 @@ fn bench(c: &mut Criterion) {
                     .forward(&ids[..ids.len() - 1], base.as_mut(), Want::Hidden)
                     .unwrap();
                 let mut observed =
-                    MtpProposer::new(model, head.clone(), &factory, DraftSampling::Greedy);
+                    MtpProposer::new(model, head.clone(), &head_factory, DraftSampling::Greedy);
                 observed
                     .observe(&TrunkRows {
                         pos: 0,
@@ -114,7 +152,7 @@ fn bench(c: &mut Criterion) {
             })
             .collect();
         let fresh = |case: &Case| {
-            CacheFactory::contiguous()
+            factory
                 .restore(&*case.snapshot, case.ids.len() - 1)
                 .unwrap()
         };
@@ -184,9 +222,18 @@ fn bench(c: &mut Criterion) {
             ("lookup+mtp-cost-by-source", 3),
             ("lookup+mtp-cost-by-source-learned", 3),
         ];
-        // One pass outside criterion: acceptance by depth.
+        // One pass outside criterion: acceptance by depth (and the pass's time, a first
+        // look before the timed runs).
+        let t = std::time::Instant::now();
+        plain();
+        eprintln!(
+            "[{name}] plain: one pass {:.1} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
         for (kind, depth) in runs {
+            let t = std::time::Instant::now();
             let stats = speculate(kind, depth);
+            let took = t.elapsed().as_secs_f64() * 1e3;
             let rate: Vec<String> = stats
                 .drafted_by_depth
                 .iter()
@@ -194,7 +241,8 @@ fn bench(c: &mut Criterion) {
                 .map(|(d, a)| format!("{:.2}", *a as f64 / (*d).max(1) as f64))
                 .collect();
             eprintln!(
-                "[{name}] {kind}/{depth}: acceptance by depth [{}], mean accepted length {:.2}",
+                "[{name}] {kind}/{depth}: acceptance by depth [{}], mean accepted length {:.2}, \
+                 one pass {took:.1} ms",
                 rate.join(", "),
                 stats.mean_acceptance_length(),
             );

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use mtplx_kv::{CacheFactory, KvCache};
-use mtplx_model::mtp::MtpHead;
+use mtplx_model::mtp::MtpRunner;
 use mtplx_model::sampling::{argmax, Distribution, Rng};
 use mtplx_model::LanguageModel;
 
@@ -11,7 +11,8 @@ use crate::draft_model::DraftSampling;
 use crate::error::Result;
 use crate::proposer::{Draft, DraftContext, DraftSource, Proposer, TrunkRows};
 
-/// Drafts with an [`MtpHead`] fed by the trunk's last hidden states.
+/// Drafts with an MTP head ([`mtplx_model::mtp::MtpHead`] on the CPU, or any other
+/// [`MtpRunner`]) fed by the trunk's last hidden states.
 ///
 /// The head keeps its own one-layer KV cache: one row per position `p` whose trunk hidden
 /// state `h_p` and next token `t_{p+1}` it has seen ([`Proposer::observe`], called by the
@@ -27,17 +28,25 @@ use crate::proposer::{Draft, DraftContext, DraftSource, Proposer, TrunkRows};
 /// batch-invariant, so the drafts are the same bits either way.
 pub struct MtpProposer<'a> {
     trunk: &'a dyn LanguageModel,
-    head: Arc<MtpHead>,
+    head: Arc<dyn MtpRunner>,
     cache: Box<dyn KvCache>,
     /// Absolute position of the cache's first row (the head may start mid-sequence).
     base: usize,
-    /// The head's output for the newest observed position, that position, and the token
-    /// after it (what the first draft continues from).
-    newest: Option<(Vec<f32>, usize, u32)>,
+    /// The head's output for the newest observed position, its scores, that position, and
+    /// the token after it (what the first draft is picked from and continues from).
+    newest: Option<Newest>,
     sampling: DraftSampling,
     rng: Rng,
     /// Observed rows not yet run through the head.
     pending: Option<Pending>,
+}
+
+#[derive(Clone)]
+struct Newest {
+    x: Vec<f32>,
+    logits: Vec<f32>,
+    pos: usize,
+    last: u32,
 }
 
 /// Trunk rows waiting for the head: positions `pos..pos + next.len()`.
@@ -49,9 +58,11 @@ struct Pending {
 }
 
 impl<'a> MtpProposer<'a> {
+    /// A proposer drafting with `head`, whose one-layer cache `factory` builds (on the
+    /// device the head runs on).
     pub fn new(
         trunk: &'a dyn LanguageModel,
-        head: Arc<MtpHead>,
+        head: Arc<dyn MtpRunner>,
         factory: &CacheFactory,
         sampling: DraftSampling,
     ) -> Self {
@@ -114,20 +125,23 @@ impl<'a> MtpProposer<'a> {
             self.newest = None;
             return Ok(());
         }
-        let out = self
-            .head
-            .forward(self.trunk, &p.hidden, &p.next, self.cache.as_mut(), p.pos)?;
-        let h = self.head.hidden_size();
-        self.newest = Some((out[(n - 1) * h..].to_vec(), p.pos + n - 1, p.next[n - 1]));
+        let (x, logits) =
+            self.head
+                .last_row(self.trunk, &p.hidden, &p.next, self.cache.as_mut(), p.pos)?;
+        self.newest = Some(Newest {
+            x,
+            logits,
+            pos: p.pos + n - 1,
+            last: p.next[n - 1],
+        });
         Ok(())
     }
 
-    fn pick(&mut self, x: &[f32], dists: &mut Option<Vec<Distribution>>) -> Result<u32> {
-        let logits = self.head.logits(x)?;
+    fn pick(&mut self, logits: &[f32], dists: &mut Option<Vec<Distribution>>) -> Result<u32> {
         Ok(match self.sampling {
-            DraftSampling::Greedy => self.head.token_of(argmax(&logits) as usize),
+            DraftSampling::Greedy => self.head.token_of(argmax(logits) as usize),
             DraftSampling::Random(r) => {
-                let mut q = r.distribution(&logits);
+                let mut q = r.distribution(logits);
                 for t in q.tokens.iter_mut() {
                     *t = self.head.token_of(*t as usize);
                 }
@@ -185,7 +199,13 @@ impl Proposer for MtpProposer<'_> {
             dists: random.then(Vec::new),
         };
         // The newest observation must be for the context's newest token.
-        let Some((x, pos, last)) = self.newest.clone() else {
+        let Some(Newest {
+            x,
+            logits,
+            pos,
+            last,
+        }) = self.newest.clone()
+        else {
             return Ok(draft);
         };
         let n = ctx.tokens.len();
@@ -196,14 +216,14 @@ impl Proposer for MtpProposer<'_> {
             .max_len
             .min(self.head.max_positions().saturating_sub(pos + 1));
         let keep = self.cache.len();
-        let mut x = x;
+        let (mut x, mut logits) = (x, logits);
         for i in 0..k {
-            let t = self.pick(&x, &mut draft.dists)?;
+            let t = self.pick(&logits, &mut draft.dists)?;
             draft.tokens.push(t);
             if i + 1 < k {
-                x = self
-                    .head
-                    .forward(self.trunk, &x, &[t], self.cache.as_mut(), pos + 1 + i)?;
+                (x, logits) =
+                    self.head
+                        .last_row(self.trunk, &x, &[t], self.cache.as_mut(), pos + 1 + i)?;
             }
         }
         self.cache.truncate(keep);

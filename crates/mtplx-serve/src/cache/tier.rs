@@ -117,6 +117,13 @@ impl CacheTier {
             LayoutKind::Contiguous => CacheFactory::contiguous(),
             LayoutKind::Paged => CacheFactory::paged(),
             LayoutKind::Segmented => CacheFactory::segmented(),
+            LayoutKind::Device => {
+                return Err(
+                    "the server runs its model on the CPU; a device KV layout needs \
+                     a device model backend"
+                        .into(),
+                )
+            }
         };
         let chunk = config.prefill_chunk_tokens.max(1) as u64;
         let (h, i, v) = (

@@ -1,0 +1,358 @@
+//! The CUDA backend against the float64 reference and against itself.
+//!
+//! These tests need an NVIDIA GPU. Without one (CI) each test says it was skipped and
+//! passes, unless `MTPLX_CUDA_TESTS=1` is set, which makes a missing device a failure: the
+//! device runs set it.
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use mtplx_kv::{CacheFactory, LayoutKind};
+use mtplx_model::cuda::{CudaDevice, CudaModel};
+use mtplx_model::sampling::argmax;
+use mtplx_model::{prefill, Bundle, LanguageModel, ModelError, Want, WeightFormat};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct GoldenFile {
+    probe_ids: Vec<u32>,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    prompt_ids: Vec<u32>,
+    generated_ids: Vec<u32>,
+    first_step: FirstStep,
+}
+
+#[derive(Deserialize)]
+struct FirstStep {
+    argmax: u32,
+    top20: Vec<(u32, f32)>,
+    probe_logits: Vec<f32>,
+}
+
+/// Max |logit − float64 reference|, as for the CPU's f32 path.
+const LOGIT_TOLERANCE: f32 = 2e-3;
+/// Max |logit(CUDA) − logit(CPU native)|: the same f32 weights and activations, summed in
+/// another order.
+const CPU_TOLERANCE: f32 = 1e-3;
+
+fn golden() -> GoldenFile {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/golden/smollm2-135m-q4_1.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn model_path() -> PathBuf {
+    std::env::var_os("MTPLX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            mtplx_model::store::ModelStore::from_env().path_of(&mtplx_model::store::DEFAULT_MODEL)
+        })
+}
+
+/// The CPU bundle and its model on the GPU, or `None` (skipped) without a device.
+fn models() -> Option<&'static (Bundle, CudaModel)> {
+    static MODELS: OnceLock<Option<(Bundle, CudaModel)>> = OnceLock::new();
+    MODELS
+        .get_or_init(|| {
+            let dev = match CudaDevice::open(0) {
+                Ok(d) => d,
+                Err(e) if std::env::var_os("MTPLX_CUDA_TESTS").is_some() => {
+                    panic!("MTPLX_CUDA_TESTS is set but there is no usable device: {e}")
+                }
+                Err(e) => {
+                    eprintln!("skipped, no CUDA device: {e}");
+                    return None;
+                }
+            };
+            eprintln!("device: {dev:?}");
+            let b = Bundle::load(&model_path(), WeightFormat::Native).expect("default model");
+            let gpu = CudaModel::from_model(&b.model, dev).expect("upload the model");
+            Some((b, gpu))
+        })
+        .as_ref()
+}
+
+/// The kernels compile for Hopper wherever the NVRTC library loads (no device needed: CI
+/// can check them with `LD_LIBRARY_PATH` pointing at the `nvidia-cuda-nvrtc` wheel's).
+#[test]
+fn the_kernels_compile() {
+    match mtplx_model::cuda::compile("compute_90") {
+        Ok(ptx) => {
+            for kernel in [
+                "embed", "rms_norm", "matvec", "qkv_post", "attend", "silu_mul",
+            ] {
+                assert!(
+                    ptx.contains(&format!(".entry {kernel}(")),
+                    "{kernel} missing"
+                );
+            }
+        }
+        Err(e) if e.to_string().contains("not installed") => {
+            assert!(
+                std::env::var_os("MTPLX_CUDA_TESTS").is_none(),
+                "MTPLX_CUDA_TESTS is set but NVRTC is missing"
+            );
+            eprintln!("skipped, no NVRTC: {e}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn opening_a_device_fails_cleanly_or_works() {
+    // On a machine without CUDA this is an error, not a panic; with one, a device.
+    match CudaDevice::open(0) {
+        Ok(d) => assert!(!d.name().is_empty()),
+        Err(e) => assert!(matches!(e, ModelError::Device(_)), "{e}"),
+    }
+}
+
+#[test]
+fn the_cuda_model_gives_the_reference_tokens_and_logits() {
+    let Some((b, gpu)) = models() else { return };
+    let g = golden();
+    let factory = gpu.cache_factory();
+    assert_eq!(factory.layout(), LayoutKind::Device);
+    let (mut worst_ref, mut worst_cpu) = (0f32, 0f32);
+    let start = std::time::Instant::now();
+    for (i, case) in g.cases.iter().enumerate() {
+        let chunk = [512, 7, 64, 1][i % 4];
+        // Progress, so that a run that stalls says where (one device run stopped at its
+        // time limit inside this test; the others took about 10 s).
+        eprintln!(
+            "[{:.1} s] {} ({} tokens, chunk {chunk})",
+            start.elapsed().as_secs_f64(),
+            case.name,
+            case.prompt_ids.len()
+        );
+        let mut cache = factory.new_cache(gpu.config().kv_shape());
+        let out = prefill(gpu, &case.prompt_ids, cache.as_mut(), chunk).unwrap();
+        let logits = out.last_logits();
+        assert_eq!(argmax(logits), case.first_step.argmax, "{}", case.name);
+        let probes = g.probe_ids.iter().zip(&case.first_step.probe_logits);
+        for (&id, &want) in case
+            .first_step
+            .top20
+            .iter()
+            .map(|(i, v)| (i, v))
+            .chain(probes)
+        {
+            let err = (logits[id as usize] - want).abs();
+            worst_ref = worst_ref.max(err);
+            assert!(err < LOGIT_TOLERANCE, "{}: logit {id}: {err}", case.name);
+        }
+        let mut host = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
+        let cpu = prefill(&b.model, &case.prompt_ids, host.as_mut(), 512).unwrap();
+        for (a, w) in logits.iter().zip(cpu.last_logits()) {
+            worst_cpu = worst_cpu.max((a - w).abs());
+        }
+        let mut next = argmax(logits);
+        let mut got = vec![next];
+        while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
+            let out = gpu.forward(&[next], cache.as_mut(), Want::Last).unwrap();
+            next = argmax(out.last_logits());
+            got.push(next);
+        }
+        assert_eq!(
+            got, case.generated_ids,
+            "{}: greedy (chunk {chunk})",
+            case.name
+        );
+    }
+    eprintln!("CUDA: worst logit error {worst_ref:e} against the reference, {worst_cpu:e} against the CPU");
+    assert!(
+        worst_cpu < CPU_TOLERANCE,
+        "CUDA and CPU logits differ by {worst_cpu}"
+    );
+}
+
+/// A row's logits and hidden state are the same bits in a verify block, a decode step and
+/// any prefill chunk: what makes greedy speculation on the GPU equal plain decoding.
+#[test]
+fn a_row_is_the_same_bits_in_any_block() {
+    let Some((_, gpu)) = models() else { return };
+    let factory = gpu.cache_factory();
+    let shape = gpu.config().kv_shape();
+    let prompt: Vec<u32> = golden().cases[0].prompt_ids.clone();
+    let block = [28u32, 3405, 282, 4649, 314, 7042];
+    let mut a = factory.new_cache(shape);
+    prefill(gpu, &prompt, a.as_mut(), 512).unwrap();
+    let mut b = a.fork();
+    let all = gpu.forward(&block, a.as_mut(), Want::All).unwrap();
+    for (r, &t) in block.iter().enumerate() {
+        let one = gpu.forward(&[t], b.as_mut(), Want::Last).unwrap();
+        assert_eq!(one.last_logits(), all.logits_row(r), "row {r}: logits");
+        assert_eq!(
+            one.hidden[..],
+            all.hidden[r * one.hidden.len()..(r + 1) * one.hidden.len()]
+        );
+    }
+    // Chunked prefills of the same tokens.
+    let mut whole = prompt.clone();
+    whole.extend_from_slice(&block);
+    let mut last = None;
+    for chunk in [1, 3, 8, 9, 512] {
+        let mut c = factory.new_cache(shape);
+        let out = prefill(gpu, &whole, c.as_mut(), chunk).unwrap();
+        if let Some(prev) = &last {
+            assert_eq!(out.last_logits(), prev, "chunk {chunk}");
+        }
+        last = Some(out.last_logits().to_vec());
+    }
+    assert_eq!(last.as_deref(), Some(all.last_logits()));
+}
+
+/// Device caches snapshot to the host, restore from any layout, fork and roll back, and
+/// decoding from each continues with the same bits.
+#[test]
+fn device_caches_snapshot_restore_fork_and_truncate() {
+    let Some((_, gpu)) = models() else { return };
+    let factory = gpu.cache_factory();
+    let shape = gpu.config().kv_shape();
+    let prompt = golden().cases[1].prompt_ids.clone();
+    // A cache that never held a row forks too.
+    assert_eq!(factory.new_cache(shape).fork().len(), 0);
+    let mut cache = factory.new_cache(shape);
+    prefill(gpu, &prompt, cache.as_mut(), 64).unwrap();
+    let n = cache.len();
+    assert_eq!(n, prompt.len());
+    let snap = cache.snapshot();
+    assert_eq!(
+        snap.layout(),
+        LayoutKind::Contiguous,
+        "snapshots are host copies"
+    );
+    assert_eq!(snap.len(), n);
+    let row = shape.row_len();
+    for layer in [0, shape.layers - 1] {
+        let (mut k1, mut v1) = (vec![0f32; n * row], vec![0f32; n * row]);
+        let (mut k2, mut v2) = (vec![0f32; n * row], vec![0f32; n * row]);
+        cache.read_rows(layer, 0..n, &mut k1, &mut v1).unwrap();
+        snap.read_rows(layer, 0..n, &mut k2, &mut v2).unwrap();
+        assert_eq!((k1, v1), (k2, v2));
+    }
+    let next = [42u32];
+    let want = gpu
+        .forward(&next, cache.fork().as_mut(), Want::Last)
+        .unwrap();
+    // From the host snapshot, through a paged cache, back to the device.
+    let paged = CacheFactory::paged().restore(&*snap, n).unwrap();
+    let mut back = factory.restore(&*paged, n).unwrap();
+    assert_eq!(back.layout(), LayoutKind::Device);
+    let got = gpu.forward(&next, back.as_mut(), Want::Last).unwrap();
+    assert_eq!(got.last_logits(), want.last_logits(), "restored");
+    // Rollback: a speculative block truncated away leaves the cache as it was.
+    gpu.forward(&[7, 8, 9], cache.as_mut(), Want::All).unwrap();
+    cache.truncate(n);
+    let got = gpu.forward(&next, cache.as_mut(), Want::Last).unwrap();
+    assert_eq!(got.last_logits(), want.last_logits(), "after rollback");
+    // A partial restore runs the dropped positions again and lands on the same bits.
+    let mut short = factory.restore(&*snap, n - 5).unwrap();
+    let again = gpu
+        .forward(&prompt[n - 5..], short.as_mut(), Want::Last)
+        .unwrap();
+    let mut full = factory.restore(&*snap, n).unwrap();
+    let a = gpu.forward(&next, short.as_mut(), Want::Last).unwrap();
+    let b = gpu.forward(&next, full.as_mut(), Want::Last).unwrap();
+    assert_eq!(a.last_logits(), b.last_logits());
+    assert_eq!(a.last_logits(), want.last_logits());
+    assert_eq!(again.rows, 1);
+}
+
+#[test]
+fn a_host_cache_is_refused_with_a_reason() {
+    let Some((b, gpu)) = models() else { return };
+    let mut host = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
+    let err = gpu.forward(&[1, 2], host.as_mut(), Want::Last).unwrap_err();
+    assert!(matches!(err, ModelError::Device(_)), "{err}");
+    assert_eq!(host.len(), 0);
+    // Out-of-range tokens are refused before anything runs.
+    let mut cache = gpu.cache_factory().new_cache(b.model.config().kv_shape());
+    let err = gpu
+        .forward(&[u32::MAX], cache.as_mut(), Want::Last)
+        .unwrap_err();
+    assert!(matches!(err, ModelError::TokenOutOfRange { .. }), "{err}");
+    assert_eq!(cache.len(), 0);
+}
+
+#[test]
+fn embed_and_head_match_the_cpu_model() {
+    let Some((b, gpu)) = models() else { return };
+    let ids = [1u32, 500, 49151];
+    assert_eq!(gpu.embed(&ids).unwrap(), b.model.embed(&ids).unwrap());
+    let hidden = b.model.embed(&ids).unwrap();
+    let (g, c) = (gpu.head(&hidden).unwrap(), b.model.head(&hidden).unwrap());
+    let worst = g
+        .iter()
+        .zip(&c)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < CPU_TOLERANCE, "{worst}");
+}
+
+/// The MTP head on the GPU scores what the CPU head scores (up to `f32` summation order),
+/// for the prompt's rows at once, for draft steps one row at a time, and for a cache that
+/// starts mid-sequence.
+#[test]
+fn the_gpu_mtp_head_matches_the_cpu_head() {
+    use mtplx_model::cuda::CudaMtpHead;
+    use mtplx_model::mtp::{MtpHead, MtpRunner, Vocab};
+    let Some((b, gpu)) = models() else { return };
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/mtp/smollm2-135m-mtp.safetensors");
+    let cpu_head = MtpHead::load(&path, &b.model, Vocab::FromFile).unwrap();
+    let gpu_head = CudaMtpHead::new(&cpu_head, gpu).unwrap();
+    assert_eq!(MtpRunner::kv_shape(&gpu_head), cpu_head.kv_shape());
+    let prompt = golden().cases[0].prompt_ids.clone();
+    let mut trunk_cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
+    let rows = b
+        .model
+        .forward(&prompt, trunk_cache.as_mut(), Want::Hidden)
+        .unwrap();
+    let h = b.model.config().hidden_size;
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 2e-3, "{what}: differ by {worst}");
+    };
+    let n = prompt.len() - 1;
+    for start in [0, n / 2] {
+        let mut cc = CacheFactory::contiguous().new_cache(cpu_head.kv_shape());
+        let mut gc = gpu.cache_factory().new_cache(cpu_head.kv_shape());
+        let hidden = &rows.hidden[start * h..n * h];
+        let next = &prompt[start + 1..];
+        let (cx, cl) = cpu_head
+            .last_row(gpu, hidden, next, cc.as_mut(), start)
+            .unwrap();
+        let (gx, gl) = gpu_head
+            .last_row(gpu, hidden, next, gc.as_mut(), start)
+            .unwrap();
+        close(&cx, &gx, "prompt rows: output");
+        close(&cl, &gl, "prompt rows: scores");
+        assert_eq!(argmax(&cl), argmax(&gl), "start {start}");
+        assert_eq!(gc.len(), n - start);
+        // Draft steps, each on the CPU head's own output.
+        let mut x = cx;
+        for (i, t) in [28u32, 3405, 282].into_iter().enumerate() {
+            let (cx, cl) = cpu_head
+                .last_row(gpu, &x, &[t], cc.as_mut(), n + i)
+                .unwrap();
+            let (gx, gl) = gpu_head
+                .last_row(gpu, &x, &[t], gc.as_mut(), n + i)
+                .unwrap();
+            close(&cx, &gx, "draft step: output");
+            close(&cl, &gl, "draft step: scores");
+            x = cx;
+        }
+    }
+}
