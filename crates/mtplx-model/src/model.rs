@@ -58,8 +58,16 @@ pub trait LanguageModel: Send + Sync {
     fn config(&self) -> &ModelConfig;
 
     /// Runs `tokens` at positions `cache.len()..`, appending their K/V to `cache`.
-    fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache, want: Want)
-        -> Result<ForwardOutput>;
+    fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        want: Want,
+    ) -> Result<ForwardOutput> {
+        let mut out = ForwardOutput::default();
+        self.forward_into(tokens, cache, want, &mut out)?;
+        Ok(out)
+    }
 
     /// [`forward`](Self::forward) into `out`, reusing its buffers: with [`Model`]'s native
     /// weights a decode step allocates nothing once the buffers have grown.
@@ -69,10 +77,7 @@ pub trait LanguageModel: Send + Sync {
         cache: &mut dyn KvCache,
         want: Want,
         out: &mut ForwardOutput,
-    ) -> Result<()> {
-        *out = self.forward(tokens, cache, want)?;
-        Ok(())
-    }
+    ) -> Result<()>;
 
     /// Embeds tokens (`[n, hidden]`); an MTP head reuses the trunk's embedding.
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>>;
@@ -374,17 +379,6 @@ impl LanguageModel for Model {
         let mut x = hidden.to_vec();
         ops::rms_norm_inplace(&mut x, &self.final_norm, self.config.rms_norm_eps);
         self.lm_head.forward(&x, n)
-    }
-
-    fn forward(
-        &self,
-        tokens: &[u32],
-        cache: &mut dyn KvCache,
-        want: Want,
-    ) -> Result<ForwardOutput> {
-        let mut out = ForwardOutput::default();
-        self.forward_into(tokens, cache, want, &mut out)?;
-        Ok(out)
     }
 
     fn forward_into(

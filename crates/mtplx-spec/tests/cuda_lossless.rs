@@ -37,23 +37,6 @@ fn gpu(b: &Bundle) -> Option<CudaModel> {
     }
 }
 
-fn prompts(b: &Bundle) -> Vec<Vec<u32>> {
-    let req = mtplx_model::chat::ChatRequest {
-        messages: vec![mtplx_model::chat::ChatMessage::text(
-            mtplx_model::chat::Role::User,
-            "Name three colours of the rainbow.",
-        )],
-        add_generation_prompt: true,
-        ..Default::default()
-    };
-    let rendered = b.template.as_ref().unwrap().render(&req).unwrap();
-    let code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(";
-    vec![
-        b.tokenizer.encode(&rendered, true).unwrap(),
-        b.tokenizer.encode(code, false).unwrap(),
-    ]
-}
-
 fn samplers() -> [(&'static str, Sampler); 2] {
     let seeded = Sampler::new(
         Sampling::Random(RandomSampling {
@@ -84,7 +67,7 @@ fn speculation_on_the_gpu_gives_plain_tokens_and_kv_bits() {
     let heads = [("cpu", cpu_head, &host_caches), ("gpu", gpu_head, &factory)];
     let shape = model.config().kv_shape();
     let mut accepted = std::collections::BTreeMap::<String, usize>::new();
-    for prompt in prompts(&b) {
+    for prompt in common::prompts(&b) {
         for (name, sampler) in samplers() {
             let mut cache = factory.new_cache(shape);
             let mut g =

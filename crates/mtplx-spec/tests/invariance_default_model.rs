@@ -34,24 +34,6 @@ fn head(trunk: &Model) -> Arc<MtpHead> {
     Arc::new(MtpHead::load(&path, trunk, Vocab::FromFile).unwrap())
 }
 
-/// A chat turn, and code that prompt lookup can copy from.
-fn prompts(b: &Bundle) -> Vec<Vec<u32>> {
-    let req = mtplx_model::chat::ChatRequest {
-        messages: vec![mtplx_model::chat::ChatMessage::text(
-            mtplx_model::chat::Role::User,
-            "Name three colours of the rainbow.",
-        )],
-        add_generation_prompt: true,
-        ..Default::default()
-    };
-    let rendered = b.template.as_ref().unwrap().render(&req).unwrap();
-    let code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(";
-    vec![
-        b.tokenizer.encode(&rendered, true).unwrap(),
-        b.tokenizer.encode(code, false).unwrap(),
-    ]
-}
-
 fn seeded(seed: u64) -> Sampler {
     Sampler::new(
         Sampling::Random(RandomSampling {
@@ -133,7 +115,7 @@ fn every_deterministic_proposer_and_depth_gives_plain_tokens_greedy_and_seeded()
         DraftSampling::Greedy,
     );
     let mut accepted = std::collections::BTreeMap::<&str, usize>::new();
-    for prompt in prompts(&b) {
+    for prompt in common::prompts(&b) {
         for (name, sampler) in samplers() {
             let (want, want_kv) = plain(model, &factory, &prompt, sampler.clone(), 64);
             for depth in 1..=4 {
@@ -186,7 +168,7 @@ fn seeded_tokens_do_not_depend_on_the_layout_or_the_prefill_chunk() {
     let b = bundle();
     let model = &b.model;
     let head = head(model);
-    let prompt = &prompts(&b)[0];
+    let prompt = &common::prompts(&b)[0];
     let layouts = [
         ("contiguous", CacheFactory::contiguous()),
         ("paged", CacheFactory::paged()),
@@ -230,7 +212,7 @@ fn random_drafts_do_not_depend_on_the_layout_or_the_prefill_chunk() {
     let b = bundle();
     let model = &b.model;
     let head = head(model);
-    let prompt = &prompts(&b)[0];
+    let prompt = &common::prompts(&b)[0];
     let draft_sampling = DraftSampling::Random(RandomSampling {
         temperature: 0.8,
         top_k: 0,

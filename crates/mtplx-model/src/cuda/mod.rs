@@ -111,6 +111,24 @@ impl Scratch {
 }
 
 impl Scratch {
+    /// Sets up a pass over `tokens`: their K/V land at `cache` rows `row0..` and they are
+    /// rotated for positions `pos0..` (see `kernels.cu`'s `meta`).
+    fn begin(
+        &mut self,
+        dev: &CudaDevice,
+        cache: &CudaKvCache,
+        row0: usize,
+        pos0: usize,
+        tokens: &[u32],
+    ) -> Result<()> {
+        let mut meta = Vec::with_capacity(tokens.len() + 2);
+        meta.push(row0 as u32);
+        meta.push(pos0 as u32);
+        meta.extend_from_slice(tokens);
+        dev.write(&meta, &mut self.meta, 0)?;
+        self.point_at(dev, cache)
+    }
+
     /// Points the pass at `cache`'s buffers (a copy to the device only when they moved:
     /// another cache, or this one grown).
     fn point_at(&mut self, dev: &CudaDevice, cache: &CudaKvCache) -> Result<()> {
@@ -389,17 +407,6 @@ impl LanguageModel for CudaModel {
         &self.config
     }
 
-    fn forward(
-        &self,
-        tokens: &[u32],
-        cache: &mut dyn KvCache,
-        want: Want,
-    ) -> Result<ForwardOutput> {
-        let mut out = ForwardOutput::default();
-        self.forward_into(tokens, cache, want, &mut out)?;
-        Ok(out)
-    }
-
     fn forward_into(
         &self,
         tokens: &[u32],
@@ -449,12 +456,7 @@ impl LanguageModel for CudaModel {
         let h = c.hidden_size;
         let eps = c.rms_norm_eps;
         let dev = &*self.dev;
-        let mut meta = Vec::with_capacity(n + 2);
-        meta.push(pos0 as u32);
-        meta.push(pos0 as u32);
-        meta.extend_from_slice(tokens);
-        dev.write(&meta, &mut s.meta, 0)?;
-        s.point_at(dev, cache)?;
+        s.begin(dev, cache, pos0, pos0, tokens)?;
         self.layers_pass(s, n)?;
         cache.commit(n);
         let first = match want {

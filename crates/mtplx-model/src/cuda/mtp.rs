@@ -216,12 +216,7 @@ impl MtpRunner for CudaMtpHead {
         }
         let s = guard.as_mut().expect("scratch just made");
         let dev = &*self.dev;
-        let mut meta = Vec::with_capacity(n + 2);
-        meta.push(row0 as u32);
-        meta.push(pos0 as u32);
-        meta.extend_from_slice(next);
-        dev.write(&meta, &mut s.meta, 0)?;
-        s.point_at(dev, cache)?;
+        s.begin(dev, cache, row0, pos0, next)?;
         dev.write(hidden, &mut s.head_in[0], 0)?;
         run_pass(dev, &self.graphs, s, n, &|s| self.launch(s, n))?;
         cache.commit(n);

@@ -73,3 +73,21 @@ pub fn plain_greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u
     drop(g);
     (tokens, kv_bits(c.as_ref()))
 }
+
+/// A chat turn, and code that prompt lookup can copy from.
+pub fn prompts(b: &mtplx_model::Bundle) -> Vec<Vec<u32>> {
+    let req = mtplx_model::chat::ChatRequest {
+        messages: vec![mtplx_model::chat::ChatMessage::text(
+            mtplx_model::chat::Role::User,
+            "Name three colours of the rainbow.",
+        )],
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let rendered = b.template.as_ref().unwrap().render(&req).unwrap();
+    let code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(";
+    vec![
+        b.tokenizer.encode(&rendered, true).unwrap(),
+        b.tokenizer.encode(code, false).unwrap(),
+    ]
+}
