@@ -130,3 +130,62 @@ impl CacheFactory {
         Ok(cache)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A stand-in device: host caches that remember they were made here.
+    struct Counting(AtomicUsize);
+
+    impl MakeDeviceCache for Counting {
+        fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::new(Contiguous::new(shape, 16))
+        }
+
+        fn name(&self) -> String {
+            "test:0".into()
+        }
+    }
+
+    #[test]
+    fn a_device_factory_builds_and_restores_through_its_maker() {
+        let maker = Arc::new(Counting(AtomicUsize::new(0)));
+        let factory = CacheFactory::Device(DeviceCaches(maker.clone()));
+        assert_eq!(factory.layout(), LayoutKind::Device);
+        assert_eq!(format!("{factory:?}"), "Device(DeviceCaches(test:0))");
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 4,
+        };
+        let mut host = CacheFactory::contiguous().new_cache(shape);
+        for layer in 0..2 {
+            let rows: Vec<f32> = (0..12).map(|i| (i + 100 * layer) as f32).collect();
+            host.append(layer, &rows, &rows).unwrap();
+        }
+        let restored = factory.restore(host.as_ref(), 2).unwrap();
+        assert_eq!(
+            maker.0.load(Ordering::SeqCst),
+            1,
+            "restored through the maker"
+        );
+        let (mut k, mut v) = (vec![0f32; 8], vec![0f32; 8]);
+        restored.read_rows(1, 0..2, &mut k, &mut v).unwrap();
+        assert_eq!(k, (100..108).map(|i| i as f32).collect::<Vec<_>>());
+        factory.new_cache(shape);
+        assert_eq!(maker.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn device_factories_are_equal_only_when_they_share_a_maker() {
+        let a = DeviceCaches(Arc::new(Counting(AtomicUsize::new(0))));
+        let b = DeviceCaches(Arc::new(Counting(AtomicUsize::new(0))));
+        assert_eq!(a, a.clone());
+        assert_ne!(a, b);
+        assert_ne!(CacheFactory::Device(a), CacheFactory::contiguous());
+    }
+}
