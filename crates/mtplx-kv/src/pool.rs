@@ -19,13 +19,31 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 
 type Task<'a> = &'a (dyn Fn(usize) + Sync);
 
+/// Low bits of [`Shared::job`] that hold the part count.
+const PARTS_BITS: u32 = 16;
+
+/// A job word: its generation above its part count.
+fn job_word(generation: u64, parts: usize) -> u64 {
+    (generation << PARTS_BITS) | parts as u64
+}
+
+fn generation_of(word: u64) -> u64 {
+    word >> PARTS_BITS
+}
+
+fn parts_of(word: u64) -> usize {
+    (word & ((1 << PARTS_BITS) - 1)) as usize
+}
+
 struct Shared {
-    /// Bumped once per job; workers wait for it to change.
-    generation: AtomicU64,
+    /// The current job: a generation bumped once per job, and the job's part count (part 0
+    /// is the caller's), in one word ([`job_word`]). Workers wait for the generation to
+    /// change, and read the part count from the same load: a worker that woke for one job
+    /// and was preempted then acts on the newest job once, never on one job's generation
+    /// with another's part count (which ran a part twice).
+    job: AtomicU64,
     /// A `*const Task` on the caller's stack, valid while `pending > 0`.
     task: AtomicPtr<()>,
-    /// Parts in the current job (part 0 is the caller's).
-    parts: AtomicUsize,
     /// Worker parts not yet finished.
     pending: AtomicUsize,
     panicked: AtomicBool,
@@ -53,10 +71,10 @@ impl Pool {
 
     /// A pool whose idle workers spin for `spin` before sleeping.
     pub fn with_spin(threads: usize, spin: Duration) -> Pool {
+        assert!(threads < 1 << PARTS_BITS, "{threads} threads");
         let shared = Arc::new(Shared {
-            generation: AtomicU64::new(0),
+            job: AtomicU64::new(job_word(0, 0)),
             task: AtomicPtr::new(std::ptr::null_mut()),
-            parts: AtomicUsize::new(0),
             pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -120,9 +138,10 @@ impl Pool {
             (&task_ref as *const Task<'_>).cast_mut().cast(),
             Ordering::Relaxed,
         );
-        s.parts.store(parts, Ordering::Relaxed);
         s.pending.store(parts - 1, Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        // Only a dispatcher (holding `dispatch`) and `drop` (holding `&mut self`) write it.
+        let next = generation_of(s.job.load(Ordering::Relaxed)) + 1;
+        s.job.store(job_word(next, parts), Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
@@ -146,7 +165,8 @@ impl Drop for Pool {
     fn drop(&mut self) {
         let s = &*self.shared;
         s.shutdown.store(true, Ordering::SeqCst);
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        let next = generation_of(s.job.load(Ordering::Relaxed)) + 1;
+        s.job.store(job_word(next, 0), Ordering::SeqCst);
         {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
@@ -160,14 +180,16 @@ impl Drop for Pool {
 fn worker(s: &Shared, index: usize) {
     let mut seen = 0u64;
     loop {
-        seen = wait_for_job(s, seen);
+        let word = wait_for_job(s, seen);
+        seen = generation_of(word);
         if s.shutdown.load(Ordering::SeqCst) {
             return;
         }
-        if index < s.parts.load(Ordering::Relaxed) {
+        if index < parts_of(word) {
             let task = s.task.load(Ordering::Relaxed).cast::<Task<'_>>();
-            // SAFETY: the caller published `task` before bumping `generation` (read with
-            // Acquire above) and keeps it alive until `pending` reaches 0.
+            // SAFETY: the caller published `task` before storing the job word (read with
+            // Acquire in `wait_for_job`) and keeps it alive until `pending` reaches 0, which
+            // needs this part: no later job can have replaced it.
             let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*task)(index) }));
             if r.is_err() {
                 s.panicked.store(true, Ordering::Relaxed);
@@ -177,14 +199,14 @@ fn worker(s: &Shared, index: usize) {
     }
 }
 
-/// Waits until `generation` differs from `seen`; returns the new value.
+/// Waits until the job's generation differs from `seen`; returns the job word.
 fn wait_for_job(s: &Shared, seen: u64) -> u64 {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        let g = s.generation.load(Ordering::Acquire);
-        if g != seen {
-            return g;
+        let w = s.job.load(Ordering::Acquire);
+        if generation_of(w) != seen {
+            return w;
         }
         backoff(&mut spins);
         if spins.is_multiple_of(64) && start.elapsed() > s.spin {
@@ -193,15 +215,15 @@ fn wait_for_job(s: &Shared, seen: u64) -> u64 {
     }
     let mut guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
     s.sleepers.fetch_add(1, Ordering::SeqCst);
-    let g = loop {
-        let g = s.generation.load(Ordering::SeqCst);
-        if g != seen {
-            break g;
+    let w = loop {
+        let w = s.job.load(Ordering::SeqCst);
+        if generation_of(w) != seen {
+            break w;
         }
         guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
     };
     s.sleepers.fetch_sub(1, Ordering::SeqCst);
-    g
+    w
 }
 
 /// One step of a busy wait: spin first, then give the core away between checks, so that

@@ -76,3 +76,37 @@ fn concurrent_callers_share_one_pool() {
     });
     assert_eq!(total.load(Ordering::SeqCst), 4 * 500 * 2);
 }
+
+/// Jobs of different sizes back to back, with more threads than cores so that workers are
+/// preempted anywhere: every part of every job runs exactly once. A worker that woke for
+/// one job it had no part in, was preempted, and then read the next job's part count ran
+/// that job's part twice (a second `pending` decrement let the caller return early or wait
+/// forever). Before the fix this test hung within 20,000 jobs on 2 cores; the race needs
+/// more than 2 threads, so it showed only on larger machines (the likely cause of runs that
+/// stalled on the 16-core GPU host).
+#[test]
+fn a_late_worker_never_runs_a_part_twice() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let pool = Pool::with_spin(8, Duration::from_micros(20));
+        let mut wrong = None;
+        for i in 0..20_000usize {
+            let parts = [2, 8, 3, 8, 1, 8][i % 6];
+            let hits: Vec<AtomicUsize> = (0..8).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(parts, &|p| {
+                hits[p].fetch_add(1, Ordering::SeqCst);
+            });
+            let counts: Vec<usize> = hits.iter().map(|h| h.load(Ordering::SeqCst)).collect();
+            let want: Vec<usize> = (0..8).map(|p| usize::from(p < parts)).collect();
+            if counts != want && wrong.is_none() {
+                wrong = Some(format!("job {i}, {parts} parts: ran {counts:?}"));
+            }
+        }
+        let _ = done.send(wrong);
+    });
+    match finished.recv_timeout(Duration::from_secs(120)) {
+        Ok(None) => {}
+        Ok(Some(wrong)) => panic!("a part ran twice or not at all: {wrong}"),
+        Err(_) => panic!("the pool hung"),
+    }
+}
