@@ -94,22 +94,15 @@ fn main() -> Result<()> {
         Task::Test { args } => {
             let model = fetch_model()?;
             let env = [("MTPLX_TEST_MODEL", model.display().to_string())];
-            cargo(&["test", "--workspace"], &args, &env)?;
-            // The CUDA backend builds everywhere (its libraries load at run time); without a
-            // device its tests check that it fails cleanly and skip the rest.
+            // With the CUDA backend built in (its libraries load at run time, so it builds
+            // everywhere; one build for all): without a device its tests check that it
+            // fails cleanly and skip the rest.
             cargo(
                 &[
                     "test",
-                    "-p",
-                    "mtplx-model",
-                    "-p",
-                    "mtplx-spec",
+                    "--workspace",
                     "--features",
                     "mtplx-model/cuda,mtplx-spec/cuda",
-                    "--test",
-                    "cuda_backend",
-                    "--test",
-                    "cuda_lossless",
                 ],
                 &args,
                 &env,
