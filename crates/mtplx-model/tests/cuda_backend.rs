@@ -55,7 +55,9 @@ fn model_path() -> PathBuf {
         })
 }
 
-/// The CPU bundle and its model on the GPU, or `None` (skipped) without a device.
+/// The CPU bundle and its model on the GPU, or `None` (skipped) without a device. The
+/// tests share one model, whose stream one thread at a time may use: each test holds
+/// [`one_at_a_time`] while it runs.
 fn models() -> Option<&'static (Bundle, CudaModel)> {
     static MODELS: OnceLock<Option<(Bundle, CudaModel)>> = OnceLock::new();
     MODELS
@@ -104,6 +106,12 @@ fn the_kernels_compile() {
     }
 }
 
+/// Serialises the tests that use the shared model (see [`CudaModel`]'s threading rule).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn opening_a_device_fails_cleanly_or_works() {
     // On a machine without CUDA this is an error, not a panic; with one, a device.
@@ -115,6 +123,7 @@ fn opening_a_device_fails_cleanly_or_works() {
 
 #[test]
 fn the_cuda_model_gives_the_reference_tokens_and_logits() {
+    let _one = one_at_a_time();
     let Some((b, gpu)) = models() else { return };
     let g = golden();
     let factory = gpu.cache_factory();
@@ -176,6 +185,7 @@ fn the_cuda_model_gives_the_reference_tokens_and_logits() {
 /// any prefill chunk: what makes greedy speculation on the GPU equal plain decoding.
 #[test]
 fn a_row_is_the_same_bits_in_any_block() {
+    let _one = one_at_a_time();
     let Some((_, gpu)) = models() else { return };
     let factory = gpu.cache_factory();
     let shape = gpu.config().kv_shape();
@@ -212,6 +222,7 @@ fn a_row_is_the_same_bits_in_any_block() {
 /// decoding from each continues with the same bits.
 #[test]
 fn device_caches_snapshot_restore_fork_and_truncate() {
+    let _one = one_at_a_time();
     let Some((_, gpu)) = models() else { return };
     let factory = gpu.cache_factory();
     let shape = gpu.config().kv_shape();
@@ -267,11 +278,27 @@ fn device_caches_snapshot_restore_fork_and_truncate() {
 
 #[test]
 fn a_host_cache_is_refused_with_a_reason() {
+    let _one = one_at_a_time();
     let Some((b, gpu)) = models() else { return };
     let mut host = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
     let err = gpu.forward(&[1, 2], host.as_mut(), Want::Last).unwrap_err();
     assert!(matches!(err, ModelError::Device(_)), "{err}");
     assert_eq!(host.len(), 0);
+    // So is a device cache of another geometry (the head's one layer): the kernels would
+    // write through addresses it does not have.
+    let head_shape = mtplx_kv::KvShape {
+        layers: 1,
+        ..b.model.config().kv_shape()
+    };
+    let mut small = gpu.cache_factory().new_cache(head_shape);
+    let err = gpu
+        .forward(&[1, 2], small.as_mut(), Want::Last)
+        .unwrap_err();
+    assert!(
+        matches!(err, ModelError::Kv(mtplx_kv::KvError::ShapeMismatch { .. })),
+        "{err}"
+    );
+    assert_eq!(small.len(), 0);
     // Out-of-range tokens are refused before anything runs.
     let mut cache = gpu.cache_factory().new_cache(b.model.config().kv_shape());
     let err = gpu
@@ -283,6 +310,7 @@ fn a_host_cache_is_refused_with_a_reason() {
 
 #[test]
 fn embed_and_head_match_the_cpu_model() {
+    let _one = one_at_a_time();
     let Some((b, gpu)) = models() else { return };
     let ids = [1u32, 500, 49151];
     assert_eq!(gpu.embed(&ids).unwrap(), b.model.embed(&ids).unwrap());
@@ -303,6 +331,7 @@ fn embed_and_head_match_the_cpu_model() {
 fn the_gpu_mtp_head_matches_the_cpu_head() {
     use mtplx_model::cuda::CudaMtpHead;
     use mtplx_model::mtp::{MtpHead, MtpRunner, Vocab};
+    let _one = one_at_a_time();
     let Some((b, gpu)) = models() else { return };
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/mtp/smollm2-135m-mtp.safetensors");

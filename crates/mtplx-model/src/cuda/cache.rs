@@ -77,10 +77,10 @@ impl CudaKvCache {
             .collect()
     }
 
-    /// Marks `n` more positions of every layer as written (by the model, in place).
-    pub(crate) fn commit(&mut self, n: usize) {
+    /// Marks positions `..len` of every layer as written (by the model, in place).
+    pub(crate) fn commit(&mut self, len: usize) {
         for l in &mut self.lens {
-            *l += n;
+            *l = len;
         }
     }
 

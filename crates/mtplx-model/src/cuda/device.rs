@@ -175,7 +175,10 @@ impl CudaDevice {
         let view = src.slice(at..at + host.len());
         self.stream
             .memcpy_dtoh(&view, host)
-            .map_err(|e| device_error("copy from the device", e))
+            .map_err(|e| device_error("copy from the device", e))?;
+        // A copy into pageable memory blocks on today's drivers, but CUDA does not promise
+        // it: wait, so `host` is never read early (nearly free when the copy blocked).
+        self.sync()
     }
 
     /// The device address of `slice`'s first element.
@@ -201,7 +204,7 @@ impl CudaDevice {
             .map_err(|e| device_error("copy on the device", e))
     }
 
-    /// Rows of `table` for the tokens in `meta[1..=n]`.
+    /// Rows of `table` for the tokens in `meta[2..2 + n]`.
     pub(crate) fn embed(
         &self,
         meta: &CudaSlice<u32>,
@@ -409,14 +412,19 @@ impl CudaDevice {
 
     /// Records the launches `body` queues (and nothing else: no copies, no waits) as a
     /// graph that replays them with one call.
+    ///
+    /// The stream must not be used from another thread meanwhile (whatever it queued would
+    /// be recorded too): see [`CudaModel`](super::CudaModel)'s threading rule.
     pub(crate) fn capture(&self, body: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| device_error("begin a graph capture", e))?;
-        let queued = body();
+        // End the capture even if `body` panics, or the stream stays unusable.
+        let queued = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
         let graph = self
             .stream
             .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        let queued = queued.unwrap_or_else(|p| std::panic::resume_unwind(p));
         queued?;
         graph
             .map_err(|e| device_error("instantiate a graph", e))?
@@ -476,9 +484,15 @@ impl DeviceMatrix {
         rows: usize,
         cols: usize,
     ) -> Result<Self> {
-        if !cols.is_multiple_of(4) || w.len() != rows * cols {
+        if !cols.is_multiple_of(4) {
             return Err(ModelError::Device(format!(
                 "a {rows} × {cols} weight: the CUDA backend needs a width that is a multiple of 4"
+            )));
+        }
+        if w.len() != rows * cols {
+            return Err(ModelError::Device(format!(
+                "a {rows} × {cols} weight given {} values",
+                w.len()
             )));
         }
         Ok(DeviceMatrix {

@@ -43,7 +43,7 @@ struct Layer {
 /// Activation buffers, grown to the largest block seen, and the graphs captured over them.
 struct Scratch {
     rows: usize,
-    /// `[pos0, token ids...]`, what a pass's launches read (see `kernels.cu`).
+    /// `[row0, pos0, token ids...]`, what a pass's launches read (see `kernels.cu`).
     meta: CudaSlice<u32>,
     /// The cache's K and V addresses per layer, and what was last written there.
     kv: CudaSlice<u64>,
@@ -154,6 +154,11 @@ unsafe impl Send for Graph {}
 const GRAPH_ROWS: usize = 8;
 
 /// A model on a CUDA device.
+///
+/// Threading: the model, its caches and an MTP head on its device share one stream, and a
+/// pass may be recorded into a graph while it is queued: use them from one thread at a time
+/// (as the decode loop does). Work queued from another thread meanwhile could be recorded
+/// into the graph.
 pub struct CudaModel {
     dev: Arc<CudaDevice>,
     config: ModelConfig,
@@ -432,6 +437,14 @@ impl LanguageModel for CudaModel {
         if !Arc::ptr_eq(cache.device(), &self.dev) {
             return Err(ModelError::Device("the cache is on another device".into()));
         }
+        // The kernels write through the cache's addresses: its geometry must be the model's.
+        if cache.shape() != c.kv_shape() {
+            return Err(mtplx_kv::KvError::ShapeMismatch {
+                cache: cache.shape(),
+                source_shape: c.kv_shape(),
+            }
+            .into());
+        }
         let pos0 = cache.len();
         let max = self.max_len;
         if pos0 + n > max {
@@ -458,7 +471,7 @@ impl LanguageModel for CudaModel {
         let dev = &*self.dev;
         s.begin(dev, cache, pos0, pos0, tokens)?;
         self.layers_pass(s, n)?;
-        cache.commit(n);
+        cache.commit(pos0 + n);
         let first = match want {
             Want::Nothing => {
                 out.rows = 0;
@@ -499,6 +512,7 @@ impl LanguageModel for CudaModel {
         if n == 0 {
             return Ok(Vec::new());
         }
+        let hidden = &hidden[..n * h];
         let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         if guard.as_ref().is_none_or(|s| s.rows < n) {
             *guard = Some(Scratch::new(

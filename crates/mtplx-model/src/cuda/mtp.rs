@@ -191,6 +191,13 @@ impl MtpRunner for CudaMtpHead {
                     "the CUDA MTP head runs on a cache from its trunk's factory".into(),
                 )
             })?;
+        if cache.shape() != MtpRunner::kv_shape(self) {
+            return Err(mtplx_kv::KvError::ShapeMismatch {
+                cache: cache.shape(),
+                source_shape: MtpRunner::kv_shape(self),
+            }
+            .into());
+        }
         // The cache may start after position 0 (RoPE is relative): rows land after its
         // own, rotated for their positions.
         let row0 = cache.len();
@@ -219,7 +226,7 @@ impl MtpRunner for CudaMtpHead {
         s.begin(dev, cache, row0, pos0, next)?;
         dev.write(hidden, &mut s.head_in[0], 0)?;
         run_pass(dev, &self.graphs, s, n, &|s| self.launch(s, n))?;
-        cache.commit(n);
+        cache.commit(row0 + n);
         let mut x = vec![0f32; h];
         dev.read(&s.x, (n - 1) * h, &mut x)?;
         let mut logits = vec![0f32; self.out.rows];
