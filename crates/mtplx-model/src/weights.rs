@@ -174,15 +174,7 @@ impl Linear {
         let in_features = parts[0].in_features;
         assert!(parts.iter().all(|p| p.in_features == in_features));
         let out_features = parts.iter().map(|p| p.out_features).sum();
-        let bias = parts.iter().any(|p| p.bias.is_some()).then(|| {
-            parts
-                .iter()
-                .flat_map(|p| match &p.bias {
-                    Some(b) => b.clone(),
-                    None => vec![0.0; p.out_features],
-                })
-                .collect::<Vec<f32>>()
-        });
+        let bias = side_by_side_bias(&parts.iter().collect::<Vec<_>>());
         let matrices: Option<Vec<QuantMatrix>> = parts
             .iter()
             .map(|p| match &p.kind {
@@ -331,15 +323,25 @@ impl Linear {
     /// side by side, zeros where a part has none).
     pub fn bias(&self) -> Option<Vec<f32>> {
         match &self.kind {
-            LinearKind::Parts(parts) if parts.iter().any(|p| p.bias().is_some()) => Some(
-                parts
-                    .iter()
-                    .flat_map(|p| p.bias().unwrap_or_else(|| vec![0.0; p.out_features]))
-                    .collect(),
-            ),
+            LinearKind::Parts(parts) => {
+                side_by_side_bias(&parts.iter().collect::<Vec<_>>()).or_else(|| self.bias.clone())
+            }
             _ => self.bias.clone(),
         }
     }
+}
+
+/// The biases of maps whose outputs sit side by side (Q, K and V), zeros where a map has
+/// none; `None` when none has one.
+pub(crate) fn side_by_side_bias(parts: &[&Linear]) -> Option<Vec<f32>> {
+    let biases: Vec<Option<Vec<f32>>> = parts.iter().map(|p| p.bias()).collect();
+    biases.iter().any(Option::is_some).then(|| {
+        parts
+            .iter()
+            .zip(biases)
+            .flat_map(|(p, b)| b.unwrap_or_else(|| vec![0.0; p.out_features]))
+            .collect()
+    })
 }
 
 fn kernel_error(e: QuantMatrixError) -> ModelError {

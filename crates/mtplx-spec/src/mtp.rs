@@ -200,8 +200,8 @@ impl Proposer for MtpProposer<'_> {
         };
         // The newest observation must be for the context's newest token.
         let Some(Newest {
-            x,
-            logits,
+            mut x,
+            mut logits,
             pos,
             last,
         }) = self.newest.clone()
@@ -216,7 +216,6 @@ impl Proposer for MtpProposer<'_> {
             .max_len
             .min(self.head.max_positions().saturating_sub(pos + 1));
         let keep = self.cache.len();
-        let (mut x, mut logits) = (x, logits);
         for i in 0..k {
             let t = self.pick(&logits, &mut draft.dists)?;
             draft.tokens.push(t);

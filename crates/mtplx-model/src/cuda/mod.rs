@@ -110,6 +110,19 @@ impl Scratch {
     }
 }
 
+/// The buffers in `slot`, replaced by `make(rows)` (at least [`GRAPH_ROWS`]) when there are
+/// none or they hold fewer than `n` rows. Replacing them drops the graphs captured on them.
+fn fit(
+    slot: &mut Option<Scratch>,
+    n: usize,
+    make: impl FnOnce(usize) -> Result<Scratch>,
+) -> Result<&mut Scratch> {
+    if slot.as_ref().is_none_or(|s| s.rows < n) {
+        *slot = Some(make(n.max(GRAPH_ROWS))?);
+    }
+    Ok(slot.as_mut().expect("scratch just made"))
+}
+
 impl Scratch {
     /// Sets up a pass over `tokens`: their K/V land at `cache` rows `row0..` and they are
     /// rotated for positions `pos0..` (see `kernels.cu`'s `meta`).
@@ -270,6 +283,12 @@ impl CudaModel {
         CacheFactory::Device(DeviceCaches(Arc::new(CudaCaches(self.dev.clone()))))
     }
 
+    /// Buffers for passes of up to `rows` rows.
+    fn new_scratch(&self, rows: usize) -> Result<Scratch> {
+        let c = &self.config;
+        Scratch::new(&self.dev, c, rows, c.num_layers, c.vocab_size)
+    }
+
     /// Queues the pass over every layer for `n` rows (whose `meta` and `kv` are on the
     /// device).
     fn layers_pass(&self, s: &mut Scratch, n: usize) -> Result<()> {
@@ -307,14 +326,17 @@ impl CudaModel {
     fn output_head(&self, s: &mut Scratch, rows: usize) -> Result<()> {
         match &self.lm_head {
             Some(m) => self.dev.matvec(m, &s.normed, &mut s.logits, rows, false),
-            None => {
-                let tied = TiedHead {
-                    table: &self.embed,
-                    rows: self.config.vocab_size,
-                    cols: self.config.hidden_size,
-                };
-                tied.matvec(&self.dev, &s.normed, &mut s.logits, rows)
-            }
+            // The tied embedding, without a second copy of it.
+            None => self.dev.matvec_raw(
+                &self.embed,
+                None,
+                self.config.vocab_size,
+                self.config.hidden_size,
+                &s.normed,
+                &mut s.logits,
+                rows,
+                false,
+            ),
         }
     }
 }
@@ -388,25 +410,6 @@ fn launch_layer(
     dev.matvec(&l.down, &s.act, &mut s.x, n, true)
 }
 
-/// The tied embedding used as the output head, without a second copy of it.
-struct TiedHead<'a> {
-    table: &'a CudaSlice<f32>,
-    rows: usize,
-    cols: usize,
-}
-
-impl TiedHead<'_> {
-    fn matvec(
-        &self,
-        dev: &CudaDevice,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        n: usize,
-    ) -> Result<()> {
-        dev.matvec_raw(self.table, None, self.rows, self.cols, x, y, n, false)
-    }
-}
-
 impl LanguageModel for CudaModel {
     fn config(&self) -> &ModelConfig {
         &self.config
@@ -456,16 +459,7 @@ impl LanguageModel for CudaModel {
         }
         cache.reserve(pos0 + n)?;
         let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_none_or(|s| s.rows < n) {
-            *guard = Some(Scratch::new(
-                &self.dev,
-                c,
-                n.max(GRAPH_ROWS),
-                c.num_layers,
-                c.vocab_size,
-            )?);
-        }
-        let s = guard.as_mut().expect("scratch just made");
+        let s = fit(&mut guard, n, |rows| self.new_scratch(rows))?;
         let h = c.hidden_size;
         let eps = c.rms_norm_eps;
         let dev = &*self.dev;
@@ -514,16 +508,7 @@ impl LanguageModel for CudaModel {
         }
         let hidden = &hidden[..n * h];
         let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_none_or(|s| s.rows < n) {
-            *guard = Some(Scratch::new(
-                &self.dev,
-                &self.config,
-                n.max(GRAPH_ROWS),
-                self.config.num_layers,
-                self.config.vocab_size,
-            )?);
-        }
-        let s = guard.as_mut().expect("scratch just made");
+        let s = fit(&mut guard, n, |rows| self.new_scratch(rows))?;
         self.dev.write(hidden, &mut s.x, 0)?;
         self.dev.rms_norm_rows(
             &s.x,

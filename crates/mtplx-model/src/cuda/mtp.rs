@@ -7,7 +7,7 @@ use cudarc::driver::CudaSlice;
 use mtplx_kv::{KvCache, KvShape, KvView};
 
 use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
-use super::{launch_layer, run_pass, CudaKvCache, CudaModel, Layer, Scratch, GRAPH_ROWS};
+use super::{fit, launch_layer, run_pass, CudaKvCache, CudaModel, Layer, Scratch};
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::mtp::{MtpHead, MtpRunner};
@@ -50,12 +50,7 @@ pub(super) fn concat(dev: &CudaDevice, parts: &[&Linear]) -> Result<DeviceMatrix
     for p in parts {
         w.extend(p.dense_rows()?);
     }
-    let bias = parts.iter().any(|p| p.bias().is_some()).then(|| {
-        parts
-            .iter()
-            .flat_map(|p| p.bias().unwrap_or_else(|| vec![0.0; p.out_features()]))
-            .collect::<Vec<f32>>()
-    });
+    let bias = crate::weights::side_by_side_bias(parts);
     DeviceMatrix::upload(dev, &w, bias.as_deref(), rows, cols)
 }
 
@@ -210,18 +205,9 @@ impl MtpRunner for CudaMtpHead {
         }
         cache.reserve(row0 + n)?;
         let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_none_or(|s| s.rows < n) {
-            let out = self.out.rows;
-            *guard = Some(Scratch::with_head_inputs(
-                &self.dev,
-                c,
-                n.max(GRAPH_ROWS),
-                1,
-                out,
-                true,
-            )?);
-        }
-        let s = guard.as_mut().expect("scratch just made");
+        let s = fit(&mut guard, n, |rows| {
+            Scratch::with_head_inputs(&self.dev, c, rows, 1, self.out.rows, true)
+        })?;
         let dev = &*self.dev;
         s.begin(dev, cache, row0, pos0, next)?;
         dev.write(hidden, &mut s.head_in[0], 0)?;
