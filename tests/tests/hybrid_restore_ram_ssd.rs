@@ -49,6 +49,7 @@ fn bank_config(max_entries: usize) -> BankConfig {
         max_entries,
         max_entries_per_session: 1000,
         idle_ttl: Duration::from_secs(1 << 30),
+        idle_write: None,
         active_window: Duration::from_secs(600),
         memory_limit_bytes: 1 << 40,
         matching: Matching::default(),

@@ -74,6 +74,9 @@ pub enum RetryWhen {
     AfterActiveRequests,
     /// Never as it is: shorten the prompt or lower `max_tokens`.
     ReduceRequest,
+    /// When the bank's entries on their way to the SSD tier are written (their rows are
+    /// in memory until then).
+    AfterSpills,
 }
 
 impl RetryWhen {
@@ -82,11 +85,14 @@ impl RetryWhen {
         match self {
             RetryWhen::AfterActiveRequests => "after_active_requests",
             RetryWhen::ReduceRequest => "reduce_request",
+            RetryWhen::AfterSpills => "after_spills",
         }
     }
 }
 
-/// A refused admission. Nothing was shed for it: the bank is as it was.
+/// A refused admission. Nothing was shed for it (the bank is as it was), except for
+/// [`RetryWhen::AfterSpills`]: entries were shed to the SSD tier (not lost) and their
+/// writes did not finish in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
     pub refusal_reason: RefusalKind,
@@ -119,6 +125,16 @@ pub(crate) enum Decision {
     /// Fits once the bank holds at most this many bytes.
     ShedTo(u64),
     Refuse(Refusal),
+}
+
+/// The refusal of a request that would fit once the bank's spills in flight are written.
+pub(crate) fn spill_refusal(e: &MemoryEstimate, limit: u64) -> Refusal {
+    Refusal {
+        refusal_reason: RefusalKind::MemoryRefusal,
+        retry_when: RetryWhen::AfterSpills,
+        needed_bytes: e.without_bank(),
+        limit_bytes: limit,
+    }
 }
 
 /// Decides from the numbers alone; shedding is the bank's job.

@@ -3,18 +3,22 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use mtplx_cold::{ColdIndex, ColdLookup, ColdQuery, Identity, MissReason as ColdMiss, SpillTicket};
+use mtplx_cold::{ColdIndex, ColdLookup, ColdQuery, Identity, MissReason as ColdMiss};
 
-use crate::admission::{decide, Admitted, Decision, MemoryEstimate, Refusal};
+use crate::admission::{decide, spill_refusal, Admitted, Decision, MemoryEstimate, Refusal};
 use crate::candidate::Handle;
 use crate::clock::{Clock, SystemClock};
-use crate::convert::spill_entry;
+use crate::durability::{Durability, Observer};
 use crate::entry::Entry;
-use crate::lookup::{gather, LookupQuery};
+use crate::lookup::{gather, LookupQuery, RamEntry};
 use crate::plan::Plan;
+use crate::spill::{Cause, SpillsDone};
 use crate::stats::{SessionInfo, Stats};
 use crate::store::Store;
 use crate::{BankConfig, BankError, Commit, SessionId};
+
+/// Longest an admission waits for shed entries' spills to free their memory.
+const SPILL_WAIT: Duration = Duration::from_secs(30);
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -22,14 +26,18 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The RAM session bank: committed conversation states, the lookup that picks the state
 /// covering most of a prompt (RAM or SSD), eviction within budgets (spilling to the SSD
-/// tier), and admission. Every method takes `&self`; share it behind an `Arc`.
+/// tier), writes behind of idle conversations ([`Bank::tick`]), the flush of a stopping
+/// server ([`Bank::flush`]), and admission. Every method takes `&self`; share it behind an
+/// `Arc`.
 pub struct Bank {
-    config: BankConfig,
-    clock: Arc<dyn Clock>,
-    cold: Option<Arc<dyn ColdIndex>>,
-    store: Mutex<Store>,
-    stats: Arc<Mutex<Stats>>,
-    spills: Mutex<Vec<SpillTicket>>,
+    pub(crate) config: BankConfig,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) cold: Option<Arc<dyn ColdIndex>>,
+    pub(crate) store: Mutex<Store>,
+    pub(crate) stats: Arc<Mutex<Stats>>,
+    /// Spills finished since [`Bank::wait_for_spills`] last returned them.
+    pub(crate) done: Mutex<SpillsDone>,
+    pub(crate) observer: Option<Observer>,
 }
 
 /// What a commit did.
@@ -44,13 +52,6 @@ pub struct CommitReport {
     pub spilled: usize,
 }
 
-/// Outcome of waiting for queued spills.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SpillsDone {
-    pub written: usize,
-    pub failed: usize,
-}
-
 impl Bank {
     /// An empty bank on the system clock, with no SSD tier.
     pub fn new(config: BankConfig) -> Bank {
@@ -60,8 +61,15 @@ impl Bank {
             cold: None,
             store: Mutex::new(Store::default()),
             stats: Arc::new(Mutex::new(Stats::default())),
-            spills: Mutex::new(Vec::new()),
+            done: Mutex::new(SpillsDone::default()),
+            observer: None,
         }
+    }
+
+    /// The same bank telling `observer` what the SSD tier could not take.
+    pub fn with_observer(mut self, observer: Observer) -> Bank {
+        self.observer = Some(observer);
+        self
     }
 
     /// The same bank measuring time on `clock`.
@@ -84,12 +92,14 @@ impl Bank {
     /// evicts within the budgets: expired entries, the session's oldest entries beyond its
     /// newest `max_entries_per_session`, then (in eviction order) the session's entries over
     /// its byte budget, and the bank's over its entry and byte budgets. Evicted entries are
-    /// queued for the SSD tier's writer (write-behind: this never waits for a disk).
+    /// queued for the SSD tier's writer (write-behind: this never waits for a disk) and stay
+    /// candidates until written; with `idle_write` zero the new entry is queued too.
     pub fn commit(&self, c: Commit) -> Result<CommitReport, BankError> {
         validate(&c)?;
         let mut store = lock(&self.store);
         let now = self.clock.now();
         let mut report = CommitReport::default();
+        self.reap_locked(&mut store, now);
         self.expire_locked(&mut store, now, &mut report);
         let digest = c.identity.digest();
         let same: Vec<u64> = store
@@ -98,8 +108,15 @@ impl Bank {
             .filter(|s| s.entry.digest == digest && s.entry.tokens == c.tokens)
             .map(|s| s.entry.id)
             .collect();
+        // The same tokens under the same identity are the same state: one already on the
+        // SSD tier needs no second write.
+        let mut durability = Durability::Unwritten;
         for id in same {
-            store.remove(id, now, false);
+            if let Some(slot) = store.remove(id, now, false) {
+                if matches!(slot.durability, Durability::Written) {
+                    durability = Durability::Written;
+                }
+            }
             self.count_eviction("replaced");
         }
         let id = store.next_id;
@@ -117,16 +134,43 @@ impl Bank {
                 checkpoints: c.checkpoints,
             }),
             now,
+            durability,
         );
         self.enforce(&mut store, &session, now, &mut report);
         report.kept = store.slots.contains_key(&id);
+        if report.kept && self.config.idle_write == Some(Duration::ZERO) {
+            if let Some(Durability::Unwritten) = store.slots.get(&id).map(|s| &s.durability) {
+                self.write(&mut store, id, now);
+            }
+        }
         Ok(report)
     }
 
-    /// Finds the stored state that covers most of the prompt, from RAM entries and the SSD
-    /// tier's manifest, without reading any tensor. The returned plan holds only the
-    /// winner; [`Plan::restore`] builds the cache.
+    /// Finds the stored state that covers most of the prompt, from RAM entries (resident
+    /// ones and evicted ones whose spill has not committed) and the SSD tier's manifest,
+    /// without reading any tensor. The returned plan holds only the winner;
+    /// [`Plan::restore`] builds the cache.
     pub fn lookup(&self, q: &LookupQuery<'_>) -> Plan {
+        // RAM first, then the SSD manifest: an entry that leaves RAM between the two has
+        // committed its spill before the manifest is asked, so nothing falls in between.
+        let (ram, evicted) = {
+            let mut store = lock(&self.store);
+            let now = self.clock.now();
+            self.reap_locked(&mut store, now);
+            self.expire_locked(&mut store, now, &mut CommitReport::default());
+            let evicted = q
+                .session
+                .is_some_and(|s| store.evicted.contains_key(s) && !store.sessions.contains_key(s));
+            let resident = store.slots.values().map(|s| RamEntry {
+                entry: s.entry.clone(),
+                spill_queued: false,
+            });
+            let leaving = store.leaving.values().map(|l| RamEntry {
+                entry: l.entry.clone(),
+                spill_queued: true,
+            });
+            (resident.chain(leaving).collect::<Vec<_>>(), evicted)
+        };
         let cold = match &self.cold {
             Some(c) => c.lookup(&ColdQuery {
                 identity: q.identity,
@@ -135,19 +179,10 @@ impl Bank {
             }),
             None => ColdLookup::miss(ColdMiss::CacheOff),
         };
+        let g = gather(&ram, q, &self.config.matching, cold, evicted);
+        drop(ram);
         let mut store = lock(&self.store);
         let now = self.clock.now();
-        self.expire_locked(&mut store, now, &mut CommitReport::default());
-        let evicted = q
-            .session
-            .is_some_and(|s| store.evicted.contains_key(s) && !store.sessions.contains_key(s));
-        let g = gather(
-            store.slots.values().map(|s| &s.entry),
-            q,
-            &self.config.matching,
-            cold,
-            evicted,
-        );
         if let Some(Handle::Ram(e)) = g.chosen.as_ref().map(|c| &c.handle) {
             store.touch(e.id, now);
         }
@@ -165,8 +200,10 @@ impl Bank {
 
     /// Admits a request whose peak is `estimate` against the memory limit, shedding bank
     /// entries (in eviction order, `protect`'s last; spilled to the SSD tier) when that
-    /// makes it fit. When even an empty bank would not make it fit, refuses without
-    /// shedding anything: nothing committed is lost.
+    /// makes it fit. A shed entry's memory is free once its spill commits, so admission
+    /// waits for those spills (30 s at most; then it refuses, `after_spills`). When even an
+    /// empty bank would not make it fit, refuses without shedding anything: nothing
+    /// committed is lost.
     pub fn admit(
         &self,
         estimate: &MemoryEstimate,
@@ -174,9 +211,10 @@ impl Bank {
     ) -> Result<Admitted, Refusal> {
         let mut store = lock(&self.store);
         let now = self.clock.now();
+        self.reap_locked(&mut store, now);
         self.expire_locked(&mut store, now, &mut CommitReport::default());
         let limit = self.config.memory_limit_bytes;
-        let before = store.total.bytes();
+        let before = store.held.bytes();
         let admitted = match decide(estimate, before, limit) {
             Decision::Fits { headroom } => Admitted {
                 shed_entries: 0,
@@ -185,19 +223,26 @@ impl Bank {
             },
             Decision::ShedTo(target) => {
                 let mut shed = 0;
+                let mut r = CommitReport::default();
                 for id in store.victims(now, self.config.active_window, |_| true, protect) {
                     if store.total.bytes() <= target {
                         break;
                     }
-                    self.evict(&mut store, id, "shed", now, &mut CommitReport::default());
-                    shed += 1;
+                    shed += usize::from(self.evict(&mut store, id, Cause::Shed, now, &mut r));
                 }
-                let after = store.total.bytes();
+                store = self.wait_while(store, SPILL_WAIT, |s| {
+                    s.held.bytes() > target && !s.leaving.is_empty()
+                });
+                let after = store.held.bytes();
                 lock(&self.stats).shed_entries += shed as u64;
+                if after > target {
+                    lock(&self.stats).refused += 1;
+                    return Err(spill_refusal(estimate, limit));
+                }
                 Admitted {
                     shed_entries: shed,
-                    shed_bytes: before - after,
-                    headroom: target.saturating_sub(after),
+                    shed_bytes: before.saturating_sub(after),
+                    headroom: target - after,
                 }
             }
             Decision::Refuse(r) => {
@@ -243,7 +288,8 @@ impl Bank {
         out
     }
 
-    /// Forgets every entry (no spill: clearing is asked for); returns how many.
+    /// Forgets every resident entry (no spill: clearing is asked for; spills already under
+    /// way finish); returns how many.
     pub fn clear(&self) -> usize {
         let mut store = lock(&self.store);
         let now = self.clock.now();
@@ -254,11 +300,16 @@ impl Bank {
         ids.len()
     }
 
-    /// Forgets one session's entries (no spill); returns how many.
+    /// Forgets one session's resident entries (no spill); returns how many.
     pub fn clear_session(&self, session: &SessionId) -> usize {
         let mut store = lock(&self.store);
         let now = self.clock.now();
-        let ids = store.session_entries_oldest_first(session);
+        let ids: Vec<u64> = store
+            .slots
+            .values()
+            .filter(|s| &s.entry.session == session)
+            .map(|s| s.entry.id)
+            .collect();
         ids.iter().for_each(|&id| {
             store.remove(id, now, false);
         });
@@ -267,18 +318,26 @@ impl Bank {
 
     /// Counters and current holdings.
     pub fn stats(&self) -> Stats {
-        self.reap_spills(false);
-        let store = lock(&self.store);
+        let mut store = lock(&self.store);
+        self.reap_locked(&mut store, self.clock.now());
         let mut s = lock(&self.stats).clone();
-        s.bytes = store.total.bytes();
+        s.bytes = store.held.bytes();
+        s.resident_bytes = store.total.bytes();
         s.entries = store.slots.len();
         s.sessions = store.sessions.len();
+        s.spilling = store.leaving.len();
+        s.unwritten = store
+            .slots
+            .values()
+            .filter(|x| !matches!(x.durability, Durability::Written))
+            .count();
         s
     }
 
-    /// Bytes all entries hold together, each shared buffer counted once.
+    /// Bytes the bank holds: its resident entries and the evicted ones whose spill has not
+    /// committed, each shared buffer counted once.
     pub fn bytes(&self) -> u64 {
-        lock(&self.store).total.bytes()
+        lock(&self.store).held.bytes()
     }
 
     /// Whether a state with exactly these tokens is held under `identity`.
@@ -290,9 +349,14 @@ impl Bank {
             .any(|s| s.entry.digest == digest && s.entry.tokens == tokens)
     }
 
-    /// Blocks until every queued spill is written or has failed (tests, shutdown).
+    /// Blocks until every write queued (evicted entries' spills, idle writes) is written or
+    /// has failed, and returns the writes finished since the last call.
     pub fn wait_for_spills(&self) -> SpillsDone {
-        self.reap_spills(true)
+        let store = self.wait_while(lock(&self.store), Duration::MAX, |s| {
+            s.writes_in_flight() > 0
+        });
+        drop(store);
+        std::mem::take(&mut *lock(&self.done))
     }
 
     /// The session whose stored conversation the prompt continues: the entry under
@@ -303,52 +367,24 @@ impl Bank {
     pub fn session_by_prefix(&self, identity: &Identity, prompt: &[u32]) -> Option<SessionId> {
         let digest = identity.digest();
         let store = lock(&self.store);
-        store
-            .slots
-            .values()
-            .filter(|s| s.entry.digest == digest)
-            .filter_map(|s| {
-                let lcp = s
-                    .entry
+        let resident = store.slots.values().map(|s| &s.entry);
+        resident
+            .chain(store.leaving.values().map(|l| &l.entry))
+            .filter(|e| e.digest == digest)
+            .filter_map(|e| {
+                let lcp = e
                     .tokens
                     .iter()
                     .zip(prompt)
                     .take_while(|(a, b)| a == b)
                     .count();
-                (lcp >= 16 && lcp * 10 >= s.entry.tokens.len() * 9)
-                    .then(|| (lcp, s.entry.session.clone()))
+                (lcp >= 16 && lcp * 10 >= e.tokens.len() * 9).then(|| (lcp, e.session.clone()))
             })
             .max_by_key(|(lcp, _)| *lcp)
             .map(|(_, session)| session)
     }
 
-    fn reap_spills(&self, wait: bool) -> SpillsDone {
-        let tickets = std::mem::take(&mut *lock(&self.spills));
-        let mut done = SpillsDone::default();
-        let mut pending = Vec::new();
-        for t in tickets {
-            let outcome = if wait {
-                t.wait()
-            } else {
-                match t.try_result() {
-                    Some(r) => r,
-                    None => {
-                        pending.push(t);
-                        continue;
-                    }
-                }
-            };
-            match outcome {
-                Ok(_) => done.written += 1,
-                Err(_) => done.failed += 1,
-            }
-        }
-        lock(&self.spills).extend(pending);
-        lock(&self.stats).spills_failed += done.failed as u64;
-        done
-    }
-
-    fn expire_locked(&self, store: &mut Store, now: Duration, report: &mut CommitReport) {
+    pub(crate) fn expire_locked(&self, store: &mut Store, now: Duration, r: &mut CommitReport) {
         let ttl = self.config.idle_ttl;
         let old: Vec<u64> = store
             .slots
@@ -357,69 +393,49 @@ impl Bank {
             .map(|s| s.entry.id)
             .collect();
         for id in old {
-            self.evict(store, id, "ttl", now, report);
+            self.evict(store, id, Cause::Ttl, now, r);
         }
     }
 
     fn enforce(&self, store: &mut Store, session: &SessionId, now: Duration, r: &mut CommitReport) {
         let cfg = &self.config;
+        let window = cfg.active_window;
+        // Entries the SSD tier refused stay (while the bytes allow) and are not counted.
+        let counted = |s: &crate::entry::Slot| !s.durability.failed();
         let ids = store.session_entries_oldest_first(session);
         let over = ids.len().saturating_sub(cfg.max_entries_per_session);
         for &id in &ids[..over] {
-            self.evict(store, id, "session_entries", now, r);
+            self.evict(store, id, Cause::SessionEntries, now, r);
         }
         let session_bytes = |s: &Store| s.sessions.get(session).map_or(0, |x| x.footprint.bytes());
         if session_bytes(store) > cfg.max_session_bytes {
-            let order = store.victims(now, cfg.active_window, |e| &e.session == session, None);
+            let order = store.victims(now, window, |s| &s.entry.session == session, None);
             for id in order {
                 if session_bytes(store) <= cfg.max_session_bytes {
                     break;
                 }
-                self.evict(store, id, "session_bytes", now, r);
+                self.evict(store, id, Cause::SessionBytes, now, r);
             }
         }
-        if store.slots.len() > cfg.max_entries || store.total.bytes() > cfg.max_bytes {
-            for id in store.victims(now, cfg.active_window, |_| true, None) {
-                let cause = if store.slots.len() > cfg.max_entries {
-                    "entries"
-                } else if store.total.bytes() > cfg.max_bytes {
-                    "bytes"
-                } else {
+        if store.counted_entries() > cfg.max_entries {
+            for id in store.victims(now, window, counted, None) {
+                if store.counted_entries() <= cfg.max_entries {
                     break;
-                };
-                self.evict(store, id, cause, now, r);
+                }
+                self.evict(store, id, Cause::Entries, now, r);
+            }
+        }
+        if store.total.bytes() > cfg.max_bytes {
+            for id in store.victims(now, window, |_| true, None) {
+                if store.total.bytes() <= cfg.max_bytes {
+                    break;
+                }
+                self.evict(store, id, Cause::Bytes, now, r);
             }
         }
     }
 
-    /// Removes an entry and queues it for the SSD tier, if one is attached.
-    fn evict(
-        &self,
-        store: &mut Store,
-        id: u64,
-        cause: &'static str,
-        now: Duration,
-        r: &mut CommitReport,
-    ) {
-        let Some(entry) = store.remove(id, now, true) else {
-            return;
-        };
-        r.evicted += 1;
-        self.count_eviction(cause);
-        let Some(cold) = &self.cold else {
-            return;
-        };
-        match cold.spill(spill_entry(&entry)) {
-            Ok(ticket) => {
-                r.spilled += 1;
-                lock(&self.spills).push(ticket);
-                lock(&self.stats).spills_queued += 1;
-            }
-            Err(_) => lock(&self.stats).spills_failed += 1,
-        }
-    }
-
-    fn count_eviction(&self, cause: &'static str) {
+    pub(crate) fn count_eviction(&self, cause: &'static str) {
         *lock(&self.stats).evictions.entry(cause).or_default() += 1;
     }
 }

@@ -24,6 +24,8 @@ pub(crate) struct Candidate {
     pub(crate) covered: usize,
     pub(crate) point: Point,
     pub(crate) entry_tokens: usize,
+    /// A RAM entry evicted to the SSD tier, its spill not yet committed.
+    pub(crate) spill_queued: bool,
     pub(crate) handle: Handle,
 }
 

@@ -4,6 +4,9 @@ use std::time::Duration;
 
 const GIB: u64 = 1 << 30;
 
+/// How long a session is idle before its newest entry is written to the SSD tier.
+pub const DEFAULT_IDLE_WRITE: Duration = Duration::from_secs(3);
+
 /// How much the bank may hold, how it matches prompts, and the memory limit admission
 /// checks against. [`BankConfig::for_machine`] sizes it from the machine's RAM; the server
 /// maps its `--session-bank-*` flags (and `MTPLX_*` variables) onto these fields.
@@ -19,6 +22,10 @@ pub struct BankConfig {
     pub max_entries_per_session: usize,
     /// An entry not used for this long is evicted (spilled).
     pub idle_ttl: Duration,
+    /// An entry whose session has not been used for this long is written behind to the
+    /// SSD tier by [`crate::Bank::tick`], so a crash loses no conversation that was idle
+    /// this long; zero writes every turn at its commit; `None` writes only on eviction.
+    pub idle_write: Option<Duration>,
     /// A session used within this window is active: its entries are evicted after every
     /// idle session's.
     pub active_window: Duration,
@@ -58,7 +65,7 @@ impl Default for Matching {
 impl BankConfig {
     /// Defaults for a machine with `total_ram_bytes` of memory: the original's limits
     /// (24 GiB, 8 GiB per session, 24 entries, newest 3 per session, 1 h TTL, 600 s active
-    /// window), with the bank capped at a quarter of RAM and a session at a third of the
+    /// window), idle sessions written to the SSD tier after 3 s, with the bank capped at a quarter of RAM and a session at a third of the
     /// bank; admission allows 85% of RAM (the rest is the system's).
     pub fn for_machine(total_ram_bytes: u64) -> BankConfig {
         let max_bytes = (24 * GIB).min(total_ram_bytes / 4);
@@ -68,6 +75,7 @@ impl BankConfig {
             max_entries: 24,
             max_entries_per_session: 3,
             idle_ttl: Duration::from_secs(3600),
+            idle_write: Some(DEFAULT_IDLE_WRITE),
             active_window: Duration::from_secs(600),
             memory_limit_bytes: total_ram_bytes / 100 * 85,
             matching: Matching::default(),

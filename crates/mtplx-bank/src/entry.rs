@@ -7,6 +7,7 @@ use std::time::Duration;
 use mtplx_cold::{Identity, IdentityDigest};
 use mtplx_kv::{BufferId, KvView};
 
+use crate::durability::Durability;
 use crate::{Checkpoint, Continuation, SessionId};
 
 /// One committed state, immutable once stored; shared (`Arc`) between the bank and the
@@ -47,11 +48,21 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// Bytes the entry holds on its own (shared buffers counted in full).
+    pub(crate) fn bytes(&self) -> u64 {
+        let mut n = 0u64;
+        self.visit_buffers(&mut |_, bytes| n += bytes as u64);
+        n
+    }
+}
+
 /// Mutable bookkeeping of a stored entry.
 pub(crate) struct Slot {
     pub(crate) entry: Arc<Entry>,
     pub(crate) created: Duration,
     pub(crate) last_access: Duration,
+    pub(crate) durability: Durability,
 }
 
 /// Bytes held by a set of entries, each shared buffer counted once, kept up to date as

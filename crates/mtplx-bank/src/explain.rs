@@ -185,6 +185,9 @@ pub struct Explanation {
     pub entry_tokens: Option<usize>,
     /// Whether the restore hands back a continuation instead of leaving a token to prefill.
     pub continuation: bool,
+    /// Whether the served RAM entry had been evicted and was on its way to the SSD tier
+    /// (its rows were still in memory): `ram_entry_state: spill_queued` in the log.
+    pub spill_queued: bool,
     /// Every candidate considered and not served.
     pub refused: Vec<Refused>,
     /// Set exactly when nothing was served.
@@ -207,7 +210,7 @@ impl Explanation {
     }
 
     /// The request-log fields: `session_restore_mode`, `cache_source`, `cached_tokens`,
-    /// `ssd_cached_tokens`, `entry_prefix_len`, `cache_miss_reason`,
+    /// `ssd_cached_tokens`, `entry_prefix_len`, `ram_entry_state`, `cache_miss_reason`,
     /// `prefix_divergence_token`, `refused_candidates` (`mode:reason` joined by `,`).
     pub fn log_fields(&self) -> Vec<(&'static str, LogValue)> {
         let mut out = vec![
@@ -223,6 +226,9 @@ impl Explanation {
         }
         if let Some(n) = self.entry_tokens {
             out.push(("entry_prefix_len", LogValue::Num(n as u64)));
+        }
+        if self.spill_queued {
+            out.push(("ram_entry_state", LogValue::Str("spill_queued".into())));
         }
         if let Some(m) = &self.miss {
             out.push(("cache_miss_reason", LogValue::Str(m.name())));
@@ -291,6 +297,7 @@ mod tests {
             cached_tokens: 0,
             entry_tokens: None,
             continuation: false,
+            spill_queued: false,
             refused: vec![Refused {
                 mode: RestoreMode::SsdClone,
                 covered: None,

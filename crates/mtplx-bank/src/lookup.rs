@@ -23,6 +23,12 @@ pub struct LookupQuery<'a> {
     pub floor: usize,
 }
 
+/// A RAM entry a lookup may serve: resident, or evicted with its spill not yet committed.
+pub(crate) struct RamEntry {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) spill_queued: bool,
+}
+
 /// The outcome of gathering: the winner, the account, and weak references to every valid
 /// candidate. Every candidate other than the winner is dropped when this is built.
 pub(crate) struct Gathered {
@@ -41,8 +47,8 @@ struct Seen {
 }
 
 /// Chooses among `entries` (RAM) and the SSD tier's answer `cold` for `q`.
-pub(crate) fn gather<'e>(
-    entries: impl Iterator<Item = &'e Arc<Entry>>,
+pub(crate) fn gather(
+    entries: &[RamEntry],
     q: &LookupQuery<'_>,
     m: &Matching,
     cold: ColdLookup,
@@ -54,7 +60,11 @@ pub(crate) fn gather<'e>(
     let mut refused: Vec<Refused> = Vec::new();
     let mut seen = Seen::default();
 
-    for e in entries {
+    for RamEntry {
+        entry: e,
+        spill_queued,
+    } in entries
+    {
         let matched = classify(&e.tokens, q.prompt, m);
         if e.digest != digest {
             if let Some((_, covered)) = matched {
@@ -87,6 +97,7 @@ pub(crate) fn gather<'e>(
                 covered,
                 point,
                 entry_tokens: e.tokens.len(),
+                spill_queued: *spill_queued,
                 handle: Handle::Ram(e.clone()),
             }),
             Err(reason) => refused.push(Refused {
@@ -125,6 +136,7 @@ pub(crate) fn gather<'e>(
             cached_tokens: c.point.at,
             entry_tokens: Some(c.entry_tokens),
             continuation: c.point.continuation,
+            spill_queued: c.spill_queued,
             refused,
             miss,
             ssd,
@@ -136,6 +148,7 @@ pub(crate) fn gather<'e>(
             cached_tokens: 0,
             entry_tokens: None,
             continuation: false,
+            spill_queued: false,
             refused,
             miss,
             ssd,
@@ -227,6 +240,7 @@ fn ssd_point(
         covered: c.covered,
         point,
         entry_tokens: c.entry_tokens,
+        spill_queued: false,
         handle: Handle::Ssd(cold),
     })
 }

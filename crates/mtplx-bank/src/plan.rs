@@ -247,6 +247,7 @@ fn failed(
     explanation.cached_tokens = 0;
     explanation.entry_tokens = None;
     explanation.continuation = false;
+    explanation.spill_queued = false;
     explanation.miss = Some(MissReason::Ssd(miss));
     cold_start(factory, shape, explanation)
 }

@@ -9,10 +9,18 @@ use crate::SessionId;
 /// What the bank has done since it started, and what it holds now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Bytes all entries hold together (shared buffers counted once).
+    /// Bytes the bank holds: resident entries and evicted ones on their way to the SSD
+    /// tier (shared buffers counted once).
     pub bytes: u64,
+    /// Bytes of the resident entries alone (what the byte budgets bound).
+    pub resident_bytes: u64,
+    /// Resident entries.
     pub entries: usize,
     pub sessions: usize,
+    /// Evicted entries whose spill has not committed yet (still candidates).
+    pub spilling: usize,
+    /// Resident entries not (yet) on the SSD tier.
+    pub unwritten: usize,
     /// Restores by mode (`cold` included).
     pub restores: BTreeMap<RestoreMode, u64>,
     /// Misses by reason name.
@@ -22,10 +30,20 @@ pub struct Stats {
     /// Evictions by the budget that caused them (`ttl`, `session_entries`,
     /// `session_bytes`, `entries`, `bytes`, `shed`, `replaced`).
     pub evictions: BTreeMap<&'static str, u64>,
-    /// Evicted entries handed to the SSD tier's writer.
+    /// Writes handed to the SSD tier's writer: evictions, idle writes, flushes.
     pub spills_queued: u64,
-    /// Spills the SSD tier refused or failed to write.
+    /// Of those, the ones committed.
+    pub spills_written: u64,
+    /// Of those, the ones that failed.
     pub spills_failed: u64,
+    /// Writes the SSD tier refused before they were queued, or failed, by reason
+    /// (`too_large`, `no_space`, `below_free_disk_floor`, …).
+    pub spill_failures: BTreeMap<&'static str, u64>,
+    /// Idle writes queued ([`crate::Bank::tick`]).
+    pub idle_writes: u64,
+    /// Entries dropped unwritten because memory had to be freed and the SSD tier could not
+    /// take them: the conversations lost.
+    pub entries_lost: u64,
     /// Chosen SSD candidates whose restore failed (served cold instead).
     pub ssd_restore_failures: u64,
     pub admitted: u64,

@@ -1,10 +1,13 @@
-//! The RAM store behind the bank's lock: entries, their byte accounting per session and
-//! in total, and the eviction order.
+//! The RAM store behind the bank's lock: resident entries, entries leaving for the SSD
+//! tier, their byte accounting per session and in total, and the eviction order.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mtplx_cold::SpillTicket;
+
+use crate::durability::{Durability, Leaving};
 use crate::entry::{Entry, Footprint, Slot};
 use crate::SessionId;
 
@@ -20,56 +23,118 @@ pub(crate) struct Session {
 
 #[derive(Default)]
 pub(crate) struct Store {
+    /// Resident entries.
     pub(crate) slots: BTreeMap<u64, Slot>,
+    /// Evicted entries whose spill has not committed yet.
+    pub(crate) leaving: BTreeMap<u64, Leaving>,
     pub(crate) next_id: u64,
+    /// Bytes of the resident entries: what the byte budgets bound.
     pub(crate) total: Footprint,
+    /// Bytes of the resident and the leaving entries: the memory the bank holds.
+    pub(crate) held: Footprint,
+    /// Resident entries by session.
     pub(crate) sessions: HashMap<SessionId, Session>,
-    /// Sessions whose last entry was evicted, and when.
+    /// Sessions whose last resident entry was evicted, and when.
     pub(crate) evicted: HashMap<SessionId, Duration>,
 }
 
 impl Store {
-    pub(crate) fn insert(&mut self, entry: Arc<Entry>, now: Duration) {
+    pub(crate) fn insert(&mut self, entry: Arc<Entry>, now: Duration, durability: Durability) {
+        self.place(entry, now, now, durability);
+    }
+
+    fn place(
+        &mut self,
+        entry: Arc<Entry>,
+        created: Duration,
+        last_access: Duration,
+        durability: Durability,
+    ) {
         self.total.add(&entry);
+        self.held.add(&entry);
         let s = self.sessions.entry(entry.session.clone()).or_default();
         s.footprint.add(&entry);
         s.entries += 1;
-        s.last_access = s.last_access.max(now);
+        s.last_access = s.last_access.max(last_access);
         self.evicted.remove(&entry.session);
         self.slots.insert(
             entry.id,
             Slot {
                 entry,
-                created: now,
-                last_access: now,
+                created,
+                last_access,
+                durability,
             },
         );
     }
 
-    /// Removes an entry; `evicted` remembers its session if it was the last one.
-    pub(crate) fn remove(&mut self, id: u64, now: Duration, evicted: bool) -> Option<Arc<Entry>> {
+    /// Takes a resident entry out of the resident accounting; `evicted` remembers its
+    /// session if it was the last one. The caller decides whether the bank still holds it.
+    fn unplace(&mut self, id: u64, now: Duration, evicted: bool) -> Option<Slot> {
         let slot = self.slots.remove(&id)?;
-        let e = slot.entry;
-        self.total.remove(&e);
+        let e = &slot.entry;
+        self.total.remove(e);
         if let Some(s) = self.sessions.get_mut(&e.session) {
-            s.footprint.remove(&e);
+            s.footprint.remove(e);
             s.entries -= 1;
             if s.entries == 0 {
                 self.sessions.remove(&e.session);
                 if evicted {
-                    if self.evicted.len() >= EVICTED_MEMORY {
-                        let oldest = self
-                            .evicted
-                            .iter()
-                            .min_by_key(|(_, t)| **t)
-                            .map(|(k, _)| k.clone());
-                        oldest.map(|k| self.evicted.remove(&k));
-                    }
-                    self.evicted.insert(e.session.clone(), now);
+                    self.remember_evicted(&e.session.clone(), now);
                 }
             }
         }
-        Some(e)
+        Some(slot)
+    }
+
+    fn remember_evicted(&mut self, session: &SessionId, now: Duration) {
+        if self.evicted.len() >= EVICTED_MEMORY {
+            let oldest = self
+                .evicted
+                .iter()
+                .min_by_key(|(_, t)| **t)
+                .map(|(k, _)| k.clone());
+            oldest.map(|k| self.evicted.remove(&k));
+        }
+        self.evicted.insert(session.clone(), now);
+    }
+
+    /// Drops a resident entry from the bank (it holds it no more).
+    pub(crate) fn remove(&mut self, id: u64, now: Duration, evicted: bool) -> Option<Slot> {
+        let slot = self.unplace(id, now, evicted)?;
+        self.held.remove(&slot.entry);
+        Some(slot)
+    }
+
+    /// Moves a resident entry to the leaving ones until `ticket` says its spill is done:
+    /// it leaves the budgets' accounting but stays held.
+    pub(crate) fn depart(&mut self, id: u64, now: Duration, ticket: SpillTicket) {
+        if let Some(slot) = self.unplace(id, now, true) {
+            self.leaving.insert(
+                id,
+                Leaving {
+                    entry: slot.entry,
+                    ticket,
+                    created: slot.created,
+                    last_access: slot.last_access,
+                },
+            );
+        }
+    }
+
+    /// A leaving entry is gone (written, or dropped): the bank holds it no more.
+    pub(crate) fn arrive(&mut self, id: u64) -> Option<Arc<Entry>> {
+        let l = self.leaving.remove(&id)?;
+        self.held.remove(&l.entry);
+        Some(l.entry)
+    }
+
+    /// A leaving entry whose spill failed becomes resident again.
+    pub(crate) fn come_back(&mut self, id: u64, durability: Durability) {
+        if let Some(l) = self.leaving.remove(&id) {
+            self.held.remove(&l.entry);
+            self.place(l.entry, l.created, l.last_access, durability);
+        }
     }
 
     /// Marks an entry (and its session) used now.
@@ -82,9 +147,10 @@ impl Store {
         }
     }
 
-    /// Whether another entry of the same session and identity strictly extends `e`.
-    fn superseded(&self, e: &Entry) -> bool {
-        self.slots.values().any(|o| {
+    /// Another resident entry of the same session and identity that strictly extends `e`,
+    /// if any (its id).
+    pub(crate) fn superseded_by(&self, e: &Entry) -> Option<&Slot> {
+        self.slots.values().find(|o| {
             let o = &o.entry;
             o.id != e.id
                 && o.session == e.session
@@ -102,23 +168,19 @@ impl Store {
         &self,
         now: Duration,
         active_window: Duration,
-        scope: impl Fn(&Entry) -> bool,
+        scope: impl Fn(&Slot) -> bool,
         protect: Option<&SessionId>,
     ) -> Vec<u64> {
         let mut order: Vec<_> = self
             .slots
             .values()
-            .filter(|s| scope(&s.entry))
+            .filter(|s| scope(s))
             .map(|s| {
                 let e = &s.entry;
-                let session_last = self
-                    .sessions
-                    .get(&e.session)
-                    .map_or(Duration::ZERO, |x| x.last_access);
-                let active = now.saturating_sub(session_last) < active_window;
+                let active = self.session_idle(&e.session, now) < active_window;
                 let key = (
                     protect == Some(&e.session),
-                    !self.superseded(e),
+                    self.superseded_by(e).is_none(),
                     active,
                     s.last_access,
                     e.id,
@@ -130,15 +192,43 @@ impl Store {
         order.into_iter().map(|(_, id)| id).collect()
     }
 
-    /// Ids of `session`'s entries, oldest first (by commit time).
+    /// How long `session` has not been used (since its start of time if unknown).
+    pub(crate) fn session_idle(&self, session: &SessionId, now: Duration) -> Duration {
+        let last = self
+            .sessions
+            .get(session)
+            .map_or(Duration::ZERO, |x| x.last_access);
+        now.saturating_sub(last)
+    }
+
+    /// Ids of `session`'s entries that count against the entry limits (not those the SSD
+    /// tier refused), oldest first (by commit time).
     pub(crate) fn session_entries_oldest_first(&self, session: &SessionId) -> Vec<u64> {
         let mut v: Vec<(Duration, u64)> = self
             .slots
             .values()
-            .filter(|s| &s.entry.session == session)
+            .filter(|s| &s.entry.session == session && !s.durability.failed())
             .map(|s| (s.created, s.entry.id))
             .collect();
         v.sort();
         v.into_iter().map(|x| x.1).collect()
+    }
+
+    /// Writes not finished: idle writes of resident entries and spills of leaving ones.
+    pub(crate) fn writes_in_flight(&self) -> usize {
+        let writing = self
+            .slots
+            .values()
+            .filter(|s| matches!(s.durability, Durability::Writing(_)))
+            .count();
+        writing + self.leaving.len()
+    }
+
+    /// Resident entries that count against the entry limits.
+    pub(crate) fn counted_entries(&self) -> usize {
+        self.slots
+            .values()
+            .filter(|s| !s.durability.failed())
+            .count()
     }
 }

@@ -124,6 +124,7 @@ proptest! {
             max_entries,
             max_entries_per_session: per_session,
             idle_ttl: Duration::from_secs(3000),
+            idle_write: None,
             active_window: Duration::from_secs(600),
             memory_limit_bytes: 1 << 40,
             matching: M,

@@ -63,6 +63,8 @@ pub enum ReadError {
     Manifest(#[from] ManifestError),
     #[error("restore sink: {0}")]
     Sink(BoxError),
+    #[error("reading the free disk space: {0}")]
+    FreeSpace(io::Error),
 }
 
 /// The `<kind>` of an `ssd_restore_error:<kind>` miss.
@@ -113,7 +115,7 @@ impl ReadError {
             ReadError::Checksum { .. } => K::Checksum,
             ReadError::Header { .. } => K::Header,
             ReadError::Decode { .. } => K::Decode,
-            ReadError::Io { .. } => K::Io,
+            ReadError::Io { .. } | ReadError::FreeSpace(_) => K::Io,
             ReadError::Manifest(_) => K::Manifest,
             ReadError::Sink(_) => K::Sink,
         };
@@ -169,6 +171,27 @@ pub enum WriteError {
     Shutdown,
     #[error("the cold tier is off")]
     Off,
+}
+
+impl WriteError {
+    /// A short name for the failure, for counters and logs (`too_large`, `no_space`, …).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WriteError::Invalid(_) => "invalid",
+            WriteError::BelowFreeDiskFloor { .. } => "below_free_disk_floor",
+            WriteError::TooLarge { .. } => "too_large",
+            WriteError::OverWriteBudget { .. } => "over_write_budget",
+            WriteError::BacklogFull { .. } => "backlog_full",
+            WriteError::Source(_) => "source",
+            WriteError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                "no_space"
+            }
+            WriteError::Io { .. } => "io",
+            WriteError::Manifest(_) => "manifest",
+            WriteError::Shutdown => "shutdown",
+            WriteError::Off => "off",
+        }
+    }
 }
 
 /// Every way the cold tier can fail.

@@ -199,6 +199,15 @@ pub trait ColdIndex: Send + Sync {
 
     /// Queues an entry for the background writer (write-behind; never on a request's path).
     fn spill(&self, entry: SpillEntry) -> Result<SpillTicket, WriteError>;
+
+    /// Whether a spill of `entry` would be written, as far as can be told before queueing
+    /// it (free disk above the floor, the entry within the cap in force, room in the
+    /// writer's backlog): the bank asks before an entry leaves RAM. A tier that can't tell
+    /// says yes; the spill's own outcome is then the answer.
+    fn check_room(&self, entry: &SpillEntry) -> Result<(), WriteError> {
+        let _ = entry;
+        Ok(())
+    }
 }
 
 /// The cold tier when it is off: every lookup misses with `ssd_cache_off`.

@@ -55,6 +55,6 @@ pub use payload::{
     BoxError, DirectLayer, DirectPiece, F32Buffer, KvGeometry, KvRows, KvSink, KvSource,
     NamedBytes, Recurrent, RecurrentCheckpoint, TailState,
 };
-pub use store::{ColdStore, OpenReport, Usage};
+pub use store::{ColdStore, OpenReport, Space, Usage};
 pub use write_budget::WriteStats;
 pub use writer::{ForegroundGuard, SpillTicket};

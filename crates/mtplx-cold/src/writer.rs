@@ -138,6 +138,19 @@ impl Writer {
         Ok(SpillTicket { rx })
     }
 
+    /// Whether `bytes` more would fit the backlog now.
+    pub(crate) fn check_backlog(&self, bytes: u64) -> Result<(), WriteError> {
+        let backlog = self.backlog_bytes();
+        match backlog.checked_add(bytes) {
+            Some(b) if b <= self.cap => Ok(()),
+            _ => Err(WriteError::BacklogFull {
+                backlog,
+                bytes,
+                cap: self.cap,
+            }),
+        }
+    }
+
     pub(crate) fn foreground(&self) -> ForegroundGuard {
         *lock(&self.shared.foreground) += 1;
         ForegroundGuard {

@@ -160,10 +160,17 @@ impl ApiError {
         let hint = match r.retry_when {
             RetryWhen::AfterActiveRequests => "retry when the requests running now have finished",
             RetryWhen::ReduceRequest => "shorten the prompt or lower max_tokens",
+            RetryWhen::AfterSpills => {
+                "retry when the conversations being written to the SSD have been written"
+            }
+        };
+        let retry_after = match r.retry_when {
+            RetryWhen::AfterActiveRequests | RetryWhen::AfterSpills => Some(5),
+            RetryWhen::ReduceRequest => None,
         };
         ApiError {
             code: Some(r.refusal_reason.as_str()),
-            retry_after: (r.retry_when == RetryWhen::AfterActiveRequests).then_some(5),
+            retry_after,
             refusal: Some(Box::new((r.refusal_reason.as_str(), r.retry_when.as_str()))),
             ..ApiError::new(
                 StatusCode::INSUFFICIENT_STORAGE,

@@ -38,6 +38,7 @@ pub fn roomy() -> BankConfig {
         max_entries: 1000,
         max_entries_per_session: 1000,
         idle_ttl: Duration::from_secs(1 << 30),
+        idle_write: None,
         active_window: Duration::from_secs(600),
         memory_limit_bytes: 1 << 40,
         matching: Matching::default(),
@@ -203,4 +204,30 @@ impl ColdIndex for Counting {
     fn spill(&self, entry: SpillEntry) -> Result<SpillTicket, WriteError> {
         self.inner.spill(entry)
     }
+}
+
+/// A cold store over a fault-injecting in-memory file system (the storage is returned to
+/// stall, fail or shrink it).
+pub fn faulty_cold() -> (Arc<ColdStore>, mtplx_cold::storage::FaultyStorage) {
+    let storage = mtplx_cold::storage::FaultyStorage::new();
+    let store = ColdStore::open(Arc::new(storage.clone()), cold_config()).expect("open cold store");
+    (Arc::new(store), storage)
+}
+
+/// Records every event the bank reports.
+pub fn recorder() -> (
+    mtplx_bank::Observer,
+    Arc<std::sync::Mutex<Vec<mtplx_bank::BankEvent>>>,
+) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    (
+        Arc::new(move |e: &mtplx_bank::BankEvent| s.lock().unwrap().push(e.clone())),
+        seen,
+    )
+}
+
+/// `a` followed by `b`.
+pub fn joined(a: &[u32], b: &[u32]) -> Vec<u32> {
+    a.iter().chain(b).copied().collect()
 }

@@ -10,11 +10,13 @@
 //! Every mutating operation is a numbered step. [`FaultyStorage::crash_at`] makes step N
 //! fail and every operation after it fail with EIO (reads too), as if the process died
 //! there; [`FaultyStorage::crash_image`] is what a reboot would find on disk.
+//! [`FaultyStorage::hold_creates`] stalls every file creation until released: how a test
+//! keeps a spill in the writer while it looks at what the bank does meanwhile.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::{Storage, StorageFile};
 
@@ -82,6 +84,69 @@ struct Sim {
 #[derive(Debug, Clone)]
 pub struct FaultyStorage {
     sim: Arc<Mutex<Sim>>,
+    gate: Arc<Gate>,
+}
+
+/// Holds on file creation: creations wait while `held` is not zero.
+#[derive(Debug, Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    held: usize,
+    /// Creations waiting at the gate now.
+    waiting: usize,
+}
+
+impl Gate {
+    fn state(&self) -> MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits while the gate is held (called before a creation takes the file system's lock).
+    fn pass(&self) {
+        let mut s = self.state();
+        if s.held == 0 {
+            return;
+        }
+        s.waiting += 1;
+        self.changed.notify_all();
+        let mut s = self
+            .changed
+            .wait_while(s, |s| s.held > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        s.waiting -= 1;
+        self.changed.notify_all();
+    }
+}
+
+/// While alive, every [`Storage::create`] on its storage waits; dropping it lets them go.
+#[derive(Debug)]
+pub struct CreateHold {
+    gate: Arc<Gate>,
+}
+
+impl CreateHold {
+    /// Blocks until at least `n` creations are waiting at the hold (a writer parked before
+    /// its first blob, say).
+    pub fn wait_for_waiters(&self, n: usize) {
+        let s = self.gate.state();
+        let _s = self
+            .gate
+            .changed
+            .wait_while(s, |s| s.waiting < n)
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+impl Drop for CreateHold {
+    fn drop(&mut self) {
+        self.gate.state().held -= 1;
+        self.gate.changed.notify_all();
+    }
 }
 
 fn eio() -> io::Error {
@@ -128,6 +193,7 @@ impl FaultyStorage {
                 bytes_read: 0,
                 resident: false,
             })),
+            gate: Arc::default(),
         }
     }
 
@@ -153,6 +219,22 @@ impl FaultyStorage {
     /// Step `step` fails once with `fault`.
     pub fn inject(&self, step: u64, fault: Fault) {
         self.lock().faults.insert(step, fault);
+    }
+
+    /// Stalls every file creation (the first step of every blob write) until the returned
+    /// hold is dropped.
+    pub fn hold_creates(&self) -> CreateHold {
+        self.gate.state().held += 1;
+        CreateHold {
+            gate: self.gate.clone(),
+        }
+    }
+
+    /// The next mutating step fails once with `fault`.
+    pub fn fail_next(&self, fault: Fault) {
+        let mut s = self.lock();
+        let next = s.steps + 1;
+        s.faults.insert(next, fault);
     }
 
     pub fn set_free_space(&self, bytes: u64) {
@@ -344,6 +426,7 @@ impl Storage for FaultyStorage {
     }
 
     fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        self.gate.pass();
         let mut s = self.lock();
         if let Some(f) = s.step()? {
             return Err(Sim::fail(f));

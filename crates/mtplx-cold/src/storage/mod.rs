@@ -6,7 +6,7 @@
 mod faulty;
 mod fs;
 
-pub use faulty::{Fault, FaultyStorage};
+pub use faulty::{CreateHold, Fault, FaultyStorage};
 pub use fs::{drop_page_cache, FsStorage};
 
 use std::fmt::Debug;

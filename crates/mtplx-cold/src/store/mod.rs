@@ -53,6 +53,41 @@ pub struct Usage {
     pub used_bytes: u64,
 }
 
+/// The store's room on its disk, read now ([`ColdStore::space`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    pub usage: Usage,
+    /// Bytes free on the file system.
+    pub free_bytes: u64,
+    /// The configured cap ([`ColdConfig::cap_bytes`]).
+    pub configured_cap_bytes: u64,
+    /// The cap in force: the configured one or a quarter of the disk the store may use
+    /// (free plus its own), whichever is smaller. It falls as the disk fills.
+    pub cap_bytes: u64,
+    /// No write starts below this much free disk.
+    pub free_disk_floor: u64,
+}
+
+impl Space {
+    /// Whether a write of `bytes` would start: free disk above the floor and `bytes`
+    /// within the cap in force.
+    pub fn admits(&self, bytes: u64) -> Result<(), WriteError> {
+        if self.free_bytes < self.free_disk_floor {
+            return Err(WriteError::BelowFreeDiskFloor {
+                free: self.free_bytes,
+                floor: self.free_disk_floor,
+            });
+        }
+        if bytes > self.cap_bytes {
+            return Err(WriteError::TooLarge {
+                bytes,
+                cap: self.cap_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
 pub(crate) struct Inner {
     pub(crate) storage: Arc<dyn Storage>,
     /// Replaced (reopened) after an I/O failure: redb refuses every later transaction of
@@ -161,6 +196,17 @@ impl ColdStore {
         self.inner.usage().map_err(ReadError::Manifest)
     }
 
+    /// The store's room on its disk, read now (the free space is asked of the file system
+    /// at each call).
+    pub fn space(&self) -> Result<Space, ReadError> {
+        let free = self
+            .inner
+            .storage
+            .free_space()
+            .map_err(ReadError::FreeSpace)?;
+        Ok(self.inner.space_with(free, self.usage()?))
+    }
+
     /// Entries from least to most recently used.
     pub fn entries_lru(&self) -> Result<Vec<EntryId>, ReadError> {
         let w = self.inner.manifest().begin_write()?;
@@ -189,6 +235,26 @@ impl Inner {
     pub(crate) fn recover_manifest(&self) {
         if let Ok((m, _)) = Manifest::open(self.storage.as_ref()) {
             *self.manifest.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(m);
+        }
+    }
+
+    /// Free bytes on the store's file system, as a write sees them.
+    pub(crate) fn free_space(&self) -> Result<u64, WriteError> {
+        self.storage.free_space().map_err(|source| WriteError::Io {
+            op: "free space",
+            path: PathBuf::new(),
+            source,
+        })
+    }
+
+    /// The room a store holding `usage` has with `free` bytes free.
+    pub(crate) fn space_with(&self, free: u64, usage: Usage) -> Space {
+        Space {
+            usage,
+            free_bytes: free,
+            configured_cap_bytes: self.config.cap_bytes,
+            cap_bytes: self.config.effective_cap(free, usage.used_bytes),
+            free_disk_floor: self.config.free_disk_floor,
         }
     }
 
@@ -257,6 +323,14 @@ impl ColdIndex for ColdStore {
 
     fn spill(&self, entry: SpillEntry) -> Result<SpillTicket, WriteError> {
         self.writer.spill(entry)
+    }
+
+    fn check_room(&self, entry: &SpillEntry) -> Result<(), WriteError> {
+        let free = self.inner.free_space()?;
+        let space = self.inner.space_with(free, self.inner.usage()?);
+        let bytes = entry.estimated_bytes();
+        space.admits(bytes)?;
+        self.writer.check_backlog(bytes)
     }
 }
 

@@ -78,16 +78,7 @@ fn put_locked(inner: &Inner, entry: &SpillEntry, pause: &dyn Fn()) -> Result<Ent
     inner.drop_damaged()?;
     let storage = inner.storage.as_ref();
 
-    let free = storage
-        .free_space()
-        .map_err(io("free space", Path::new("")))?;
-    if free < inner.config.free_disk_floor {
-        return Err(WriteError::BelowFreeDiskFloor {
-            free,
-            floor: inner.config.free_disk_floor,
-        });
-    }
-
+    let free = inner.free_space()?;
     let identity = entry.identity.digest();
     let keys = block_keys(&identity, &entry.tokens);
     let checkpoints: Option<Vec<PendingState>> = match &entry.recurrent {
@@ -142,7 +133,7 @@ fn put_locked(inner: &Inner, entry: &SpillEntry, pause: &dyn Fn()) -> Result<Ent
     let blobs = manifest::entry_blobs(&head, &body);
 
     // Which blobs are new, and does the entry fit?
-    let (present, used) = {
+    let (present, usage) = {
         let r = inner.manifest().db.begin_read().map_err(db)?;
         let t = r.open_table(manifest::BLOBS).map_err(db)?;
         let mut present = HashSet::new();
@@ -151,13 +142,12 @@ fn put_locked(inner: &Inner, entry: &SpillEntry, pause: &dyn Fn()) -> Result<Ent
                 present.insert(*key);
             }
         }
-        (present, inner.usage()?.used_bytes)
+        (present, inner.usage()?)
     };
     let total: u64 = blobs.iter().map(|b| b.2).sum();
-    let cap = inner.config.effective_cap(free, used);
-    if total > cap {
-        return Err(WriteError::TooLarge { bytes: total, cap });
-    }
+    let space = inner.space_with(free, usage);
+    space.admits(total)?;
+    let cap = space.cap_bytes;
     // Only blobs not stored yet cost the disk anything.
     let mut fresh = HashSet::new();
     let new_bytes: u64 = blobs
