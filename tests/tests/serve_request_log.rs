@@ -28,6 +28,7 @@ const SCHEMA: &[(&str, &str)] = &[
     ("cache_miss_reason", "string?"),
     ("ssd_cached_tokens", "number?"),
     ("entry_prefix_len", "number?"),
+    ("ram_entry_state", "string?"),
     ("prefix_divergence_token", "number?"),
     ("refused_candidates", "string?"),
     ("restore_s", "number?"),

@@ -100,6 +100,14 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((n * mult as f64) as u64)
 }
 
+/// A number of seconds: finite and not negative.
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds (try 0, 2.5, 30)")),
+    }
+}
+
 /// Serve a model over OpenAI- and Anthropic-compatible HTTP APIs.
 /// The MTP head trained for the default model (`models/mtp/README.md`).
 pub const SHIPPED_MTP_HEAD: &str = concat!(
@@ -189,6 +197,25 @@ pub struct Config {
         value_parser = parse_bytes
     )]
     pub ssd_session_cache_free_disk_floor: Option<u64>,
+    /// Seconds a conversation is idle before it is written behind to the SSD tier, so a
+    /// crash or a kill loses no conversation idle that long; 0 writes every turn.
+    #[arg(
+        long,
+        env = "MTPLX_SSD_SESSION_CACHE_IDLE_WRITE_S",
+        default_value_t = mtplx_bank::DEFAULT_IDLE_WRITE.as_secs_f64(),
+        value_parser = parse_seconds
+    )]
+    pub ssd_session_cache_idle_write_s: f64,
+    /// Seconds a stop (SIGTERM, SIGINT) may take: the running generation is given half to
+    /// finish, then cancelled; the conversations not yet on the SSD tier are written until
+    /// the deadline.
+    #[arg(
+        long,
+        env = "MTPLX_SHUTDOWN_FLUSH_S",
+        default_value_t = 10.0,
+        value_parser = parse_seconds
+    )]
+    pub shutdown_flush_s: f64,
     /// Bytes the RAM session bank may hold [default: min(24G, RAM/4)].
     #[arg(long, env = "MTPLX_SESSION_BANK_MAX_BYTES", value_parser = parse_bytes)]
     pub session_bank_max_bytes: Option<u64>,
@@ -264,6 +291,7 @@ impl Config {
                 head: self.mtp_head_path(),
             },
             cache: self.tier_config(),
+            shutdown_flush: Duration::from_secs_f64(self.shutdown_flush_s),
         }
     }
 
@@ -318,6 +346,7 @@ impl Config {
         if let Some(v) = self.session_bank_ttl {
             b.idle_ttl = Duration::from_secs(v);
         }
+        b.idle_write = Some(Duration::from_secs_f64(self.ssd_session_cache_idle_write_s));
         if let Some(v) = self.memory_limit {
             b.memory_limit_bytes = v;
         }
@@ -435,6 +464,25 @@ mod tests {
         assert_eq!(t.layout, mtplx_kv::LayoutKind::Segmented);
         assert_eq!(t.ssd_free_disk_floor, Some(0));
         assert_eq!(parse(&[]).tier_config().ssd, SsdMode::On);
+        assert_eq!(
+            parse(&[]).tier_config().bank.idle_write,
+            Some(mtplx_bank::DEFAULT_IDLE_WRITE)
+        );
+        let c = parse(&[
+            "--ssd-session-cache-idle-write-s",
+            "0",
+            "--shutdown-flush-s",
+            "2.5",
+        ]);
+        assert_eq!(c.tier_config().bank.idle_write, Some(Duration::ZERO));
+        assert_eq!(c.settings().shutdown_flush, Duration::from_millis(2500));
+        assert_eq!(
+            parse(&[]).settings().shutdown_flush,
+            Duration::from_secs(10)
+        );
+        for bad in ["-1", "soon", "inf"] {
+            assert!(Config::try_parse_from(["mtplx-serve", "--shutdown-flush-s", bad]).is_err());
+        }
         assert_eq!(parse(&[]).tier_config().ssd_free_disk_floor, None);
     }
 

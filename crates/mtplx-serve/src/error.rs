@@ -144,6 +144,19 @@ impl ApiError {
         }
     }
 
+    /// 503: the server is stopping and takes no new generation.
+    pub fn shutting_down() -> Self {
+        ApiError {
+            code: Some("server_shutting_down"),
+            retry_after: Some(5),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "The server is shutting down; retry once it is back.",
+            )
+        }
+    }
+
     /// 503: the server is at its limit of active requests.
     pub fn overloaded(message: impl Into<String>, retry_after: u64) -> Self {
         ApiError {

@@ -13,7 +13,10 @@ async fn main() -> std::process::ExitCode {
         .init();
     let config = mtplx_serve::Config::parse();
     match mtplx_serve::serve(config).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        // Exit now: the stop has flushed what it could within its deadline, and dropping
+        // the state would wait for writes still running past it (an interrupted write is
+        // safe: the next start reconciles it).
+        Ok(()) => std::process::exit(0),
         Err(e) => {
             eprintln!("mtplx-serve: {e}");
             std::process::ExitCode::FAILURE

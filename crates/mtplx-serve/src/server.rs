@@ -48,7 +48,8 @@ pub async fn model_path(config: &Config) -> Result<PathBuf, ServeError> {
     Ok(path)
 }
 
-/// Loads the model, binds, prints the startup line and serves until Ctrl-C.
+/// Loads the model, binds, prints the startup line and serves until SIGTERM or SIGINT;
+/// then stops as [`AppState::shutdown`] says and logs what was written to the SSD tier.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     config.check().map_err(ServeError::Config)?;
     let path = model_path(&config).await?;
@@ -102,10 +103,61 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             "off"
         },
     );
-    run(listener, state, async {
-        let _ = tokio::signal::ctrl_c().await;
+    let signal = stop_signal().map_err(io("installing the SIGTERM handler"))?;
+    run(listener, state.clone(), signal).await?;
+    tracing::info!(
+        "stopping: no new connections; the conversations in RAM go to the SSD tier within {:.1} s",
+        state.settings().shutdown_flush.as_secs_f64()
+    );
+    let report = state.shutdown().await;
+    log_flush(&state, &report);
+    Ok(())
+}
+
+/// Resolves at the first SIGTERM (what systemd, Docker and Kubernetes send) or SIGINT.
+fn stop_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
     })
-    .await
+}
+
+/// Says what a stop wrote and what it could not.
+fn log_flush(state: &AppState, report: &mtplx_bank::FlushReport) {
+    if state.tier().cold().is_none() {
+        let entries = state.tier().bank().stats().entries;
+        tracing::warn!(
+            entries,
+            "stopped: the SSD session cache is off, so the conversations in RAM are not kept"
+        );
+        return;
+    }
+    for (session, tokens, failure) in &report.failed {
+        tracing::warn!(
+            session = crate::request_log::session_hash(session.as_str()),
+            tokens,
+            reason = failure.reason,
+            "not written at the stop: {}",
+            failure.detail
+        );
+    }
+    tracing::info!(
+        written = report.written,
+        already_on_ssd = report.already_written,
+        failed = report.failed.len(),
+        still_writing = report.pending,
+        "stopped: {} conversation(s) written to the SSD tier, {} already there, {} could not be \
+         written, {} still being written at the deadline",
+        report.written,
+        report.already_written,
+        report.failed.len(),
+        report.pending
+    );
 }
 
 /// Serves `state` on `listener` until `shutdown` completes. Connections already open keep

@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use mtplx_bank::FlushReport;
 
 use mtplx_model::{Bundle, LanguageModel};
 use tokio::sync::Semaphore;
@@ -34,6 +36,8 @@ pub struct Settings {
     pub speculation: Speculation,
     /// The session bank, the SSD tier and the KV layout.
     pub cache: TierConfig,
+    /// Longest a stop takes ([`AppState::shutdown`]).
+    pub shutdown_flush: Duration,
 }
 
 impl Default for Settings {
@@ -53,6 +57,7 @@ impl Default for Settings {
                 ssd: SsdMode::Off,
                 ..TierConfig::detect()
             },
+            shutdown_flush: Duration::from_secs(10),
         }
     }
 }
@@ -180,6 +185,40 @@ impl AppState {
     /// Unix seconds when the server started.
     pub fn started(&self) -> u64 {
         self.inner.started
+    }
+
+    /// Stops within [`Settings::shutdown_flush`]: takes no new generation, lets the
+    /// running ones finish for half the time and then stops them (each commits what it
+    /// has, within a step), and writes every conversation the bank holds that is not on the SSD tier yet
+    /// until the deadline. Returns what the flush wrote and what it could not.
+    pub async fn shutdown(&self) -> FlushReport {
+        let start = Instant::now();
+        let deadline = self.inner.settings.shutdown_flush;
+        let tier = self.tier().clone();
+        tier.close();
+        let idle = |until: Duration| {
+            let tier = tier.clone();
+            async move {
+                while tier.locks().busy() > 0 && start.elapsed() < until {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                tier.locks().busy() == 0
+            }
+        };
+        if !idle(deadline / 2).await {
+            tracing::info!(
+                sessions = tier.locks().busy(),
+                "stopping the generations still running"
+            );
+            self.engine().stop();
+            // A stopped generation ends within one step; the last quarter is the flush's.
+            idle(deadline / 4 * 3).await;
+        }
+        let left = deadline.saturating_sub(start.elapsed());
+        let bank = tier.bank().clone();
+        tokio::task::spawn_blocking(move || bank.flush(left))
+            .await
+            .unwrap_or_default()
     }
 }
 

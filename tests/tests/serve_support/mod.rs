@@ -158,6 +158,8 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+pub mod process;
+
 pub mod socket {
     //! A raw HTTP/1.1 client: what goes over the wire, byte for byte.
 

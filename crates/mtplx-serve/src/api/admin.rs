@@ -60,7 +60,8 @@ pub fn clear_session(state: &AppState, id: &str) -> Result<Response<Body>, ApiEr
     ))
 }
 
-/// `GET /admin/cache/ssd`: the SSD tier's mode, place and usage.
+/// `GET /admin/cache/ssd`: the SSD tier's mode, place, usage and room (the cap in force is
+/// re-read from the free disk at each call), and what the bank's writes to it did.
 pub fn ssd(state: &AppState) -> Result<Response<Body>, ApiError> {
     let tier = state.tier();
     let mode = match tier.ssd_mode() {
@@ -71,15 +72,31 @@ pub fn ssd(state: &AppState) -> Result<Response<Body>, ApiError> {
     let Some(cold) = tier.cold() else {
         return Ok(json_response(&json!({ "mode": mode })));
     };
-    let usage = cold
-        .usage()
-        .map_err(|e| ApiError::internal(format!("reading the SSD tier's manifest: {e}")))?;
+    let space = cold
+        .space()
+        .map_err(|e| ApiError::internal(format!("reading the SSD tier's room: {e}")))?;
+    let writes = cold.write_stats();
+    let bank = tier.bank().stats();
     Ok(json_response(&json!({
         "mode": mode,
         "dir": tier.ssd_dir().display().to_string(),
-        "entries": usage.entries,
-        "used_bytes": usage.used_bytes,
-        "cap_bytes": cold.config().cap_bytes,
+        "entries": space.usage.entries,
+        "used_bytes": space.usage.used_bytes,
+        "cap_bytes": space.cap_bytes,
+        "configured_cap_bytes": space.configured_cap_bytes,
+        "free_bytes": space.free_bytes,
+        "free_disk_floor_bytes": space.free_disk_floor,
         "backlog_bytes": cold.backlog_bytes(),
+        "written_last_hour_bytes": writes.written_last_hour,
+        "skipped_over_write_budget": writes.skipped_over_budget,
+        "bank": {
+            "spilling_entries": bank.spilling,
+            "unwritten_entries": bank.unwritten,
+            "writes_queued": bank.spills_queued,
+            "writes_committed": bank.spills_written,
+            "writes_failed": bank.spills_failed,
+            "failures_by_reason": bank.spill_failures,
+            "entries_lost": bank.entries_lost,
+        },
     })))
 }

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::{json_response, text_response};
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::metrics::{write_scalar, Kind};
+use crate::metrics::{write_scalar, Family, Kind};
 use crate::state::AppState;
 
 fn model_json(state: &AppState) -> Value {
@@ -69,16 +69,36 @@ pub fn metrics(state: &AppState) -> Response<Body> {
             tier.reserved(),
         ),
     ];
-    if let Some(usage) = tier.cold().and_then(|c| c.usage().ok()) {
+    gauges.push((
+        "mtplx_bank_spilling_entries",
+        "Evicted bank entries whose write to the SSD tier has not committed (still served from RAM).",
+        bank.spilling as u64,
+    ));
+    gauges.push((
+        "mtplx_bank_unwritten_entries",
+        "Bank entries not on the SSD tier yet.",
+        bank.unwritten as u64,
+    ));
+    if let Some(space) = tier.cold().and_then(|c| c.space().ok()) {
         gauges.push((
             "mtplx_ssd_bytes",
             "Bytes of blobs in the SSD tier.",
-            usage.used_bytes,
+            space.usage.used_bytes,
         ));
         gauges.push((
             "mtplx_ssd_entries",
             "Entries in the SSD tier.",
-            usage.entries,
+            space.usage.entries,
+        ));
+        gauges.push((
+            "mtplx_ssd_cap_bytes",
+            "The SSD tier's cap in force: the configured one or a quarter of the disk it may use, whichever is smaller.",
+            space.cap_bytes,
+        ));
+        gauges.push((
+            "mtplx_ssd_free_bytes",
+            "Free bytes on the SSD tier's file system.",
+            space.free_bytes,
         ));
     }
     for (name, help, v) in gauges {
@@ -91,9 +111,24 @@ pub fn metrics(state: &AppState) -> Response<Body> {
             bank.spills_queued,
         ),
         (
+            "mtplx_bank_spills_written_total",
+            "Writes to the SSD tier that committed.",
+            bank.spills_written,
+        ),
+        (
             "mtplx_bank_spills_failed_total",
-            "Spills that failed.",
+            "Writes to the SSD tier that were queued and failed.",
             bank.spills_failed,
+        ),
+        (
+            "mtplx_bank_idle_writes_total",
+            "Idle conversations written behind to the SSD tier.",
+            bank.idle_writes,
+        ),
+        (
+            "mtplx_bank_entries_lost_total",
+            "Conversations dropped unwritten: memory had to be freed and the SSD tier could not take them.",
+            bank.entries_lost,
         ),
         (
             "mtplx_bank_refused_total",
@@ -109,5 +144,14 @@ pub fn metrics(state: &AppState) -> Response<Body> {
     for (name, help, v) in counters {
         write_scalar(&mut text, Kind::Counter, name, help, v);
     }
+    let failures = Family::new(
+        "mtplx_bank_spill_failures_total",
+        "Writes the SSD tier refused before they were queued, or failed, by reason.",
+        "reason",
+    );
+    for (reason, n) in &bank.spill_failures {
+        failures.add(*reason, *n);
+    }
+    failures.render(&mut text);
     text_response(text, "text/plain; version=0.0.4; charset=utf-8")
 }

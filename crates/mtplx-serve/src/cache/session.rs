@@ -53,6 +53,11 @@ impl Step for SessionStep {
     async fn prepare(&self, mut job: Job) -> Result<Job, ApiError> {
         let (id, source) = resolve(&self.tier, &job);
         let guard = self.tier.locks().acquire(&id).await;
+        // Checked with the lock held: a stop that finds no session busy has seen every job
+        // that will run.
+        if self.tier.is_closed() {
+            return Err(ApiError::shutting_down());
+        }
         job.resolved = Some(Resolved { id, source, guard });
         Ok(job)
     }

@@ -3,10 +3,11 @@
 //! reserved by admitted requests.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use mtplx_bank::{Bank, BankConfig};
+use mtplx_bank::{Bank, BankConfig, BankEvent, SpillOutcome};
 use mtplx_cold::{
     ColdCandidate, ColdConfig, ColdIndex, ColdLookup, ColdQuery, ColdStore, Identity, KvSink,
     MissReason, Mtp, ReadError, RestoreReport, SpillEntry, SpillTicket, WriteError,
@@ -84,6 +85,8 @@ struct Inner {
     activation_bytes: u64,
     /// Bytes of the admitted requests not yet finished.
     reserved: AtomicU64,
+    /// Set when the server stops: no new job enters the cache path.
+    closed: AtomicBool,
 }
 
 impl CacheTier {
@@ -107,11 +110,15 @@ impl CacheTier {
                 Some(Arc::new(store))
             }
         };
-        let mut bank = Bank::new(config.bank.clone());
+        let mut bank = Bank::new(config.bank.clone()).with_observer(Arc::new(log_event));
         match (&cold, config.ssd) {
             (Some(c), SsdMode::On) => bank = bank.with_cold(c.clone()),
             (Some(c), SsdMode::WriteOnly) => bank = bank.with_cold(Arc::new(WriteOnly(c.clone()))),
             _ => {}
+        }
+        let bank = Arc::new(bank);
+        if cold.is_some() {
+            start_upkeep(Arc::downgrade(&bank));
         }
         let factory = match config.layout {
             LayoutKind::Contiguous => CacheFactory::contiguous(),
@@ -133,7 +140,7 @@ impl CacheTier {
         );
         Ok(CacheTier {
             inner: Arc::new(Inner {
-                bank: Arc::new(bank),
+                bank,
                 cold,
                 ssd: config.ssd,
                 ssd_dir: config.ssd_dir,
@@ -146,6 +153,7 @@ impl CacheTier {
                 // last row's logits.
                 activation_bytes: chunk * (8 * h + 3 * i) * 4 + v * 4,
                 reserved: AtomicU64::new(0),
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -189,6 +197,16 @@ impl CacheTier {
 
     pub fn activation_bytes(&self) -> u64 {
         self.inner.activation_bytes
+    }
+
+    /// Takes no new job from now on (a stopping server); jobs already past the session
+    /// stage run on.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
     }
 
     /// Bytes reserved by admitted, unfinished requests.
@@ -267,6 +285,56 @@ fn identity(bundle: &Bundle, weights: &str) -> Identity {
     }
 }
 
+/// How often the bank's upkeep ([`Bank::tick`]: finished writes, expiry, idle writes) runs.
+const UPKEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// Runs the bank's upkeep on its own thread until the bank is dropped.
+fn start_upkeep(bank: Weak<Bank>) {
+    let spawned = std::thread::Builder::new()
+        .name("mtplx-bank-upkeep".into())
+        .spawn(move || loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            match bank.upgrade() {
+                Some(bank) => bank.tick(),
+                None => return,
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("the session bank's upkeep thread did not start ({e}): idle conversations will be written to the SSD only when evicted or at a stop");
+    }
+}
+
+/// The operator hears of every conversation the SSD tier could not take.
+fn log_event(e: &BankEvent) {
+    let BankEvent::SpillFailed {
+        session,
+        tokens,
+        bytes,
+        failure,
+        outcome,
+    } = e;
+    let session = crate::request_log::session_hash(session.as_str());
+    let (reason, detail) = (failure.reason, &failure.detail);
+    match outcome {
+        SpillOutcome::KeptInRam => tracing::warn!(
+            session,
+            tokens,
+            bytes,
+            reason,
+            "the SSD tier could not take a conversation ({detail}); it stays in RAM and is \
+             tried again"
+        ),
+        SpillOutcome::Dropped => tracing::error!(
+            session,
+            tokens,
+            bytes,
+            reason,
+            "a conversation was dropped: memory had to be freed and the SSD tier could not \
+             take it ({detail})"
+        ),
+    }
+}
+
 /// `--ssd-session-cache write-only`: spills go through, lookups miss.
 struct WriteOnly(Arc<ColdStore>);
 
@@ -285,5 +353,9 @@ impl ColdIndex for WriteOnly {
 
     fn spill(&self, entry: SpillEntry) -> Result<SpillTicket, WriteError> {
         self.0.spill(entry)
+    }
+
+    fn check_room(&self, entry: &SpillEntry) -> Result<(), WriteError> {
+        self.0.check_room(entry)
     }
 }

@@ -9,7 +9,7 @@ mod job;
 mod worker;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mtplx_model::Bundle;
@@ -50,6 +50,23 @@ pub struct EngineConfig {
 pub struct Engine {
     tx: mpsc::Sender<(Job, mpsc::Sender<Event>)>,
     metrics: Arc<Metrics>,
+    stop: StopSignal,
+}
+
+/// Set when the server stops: the running generation and every later one end at their
+/// next step (a prefill chunk or a decode step), commit what they have, and fail with
+/// "the server is shutting down".
+#[derive(Debug, Clone, Default)]
+pub struct StopSignal(Arc<AtomicBool>);
+
+impl StopSignal {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 impl Engine {
@@ -72,7 +89,16 @@ impl Engine {
             )),
             _ => None,
         };
-        let mut worker = worker::Worker::new(bundle, config, mtp_head, tier, metrics.clone(), log);
+        let stop = StopSignal::default();
+        let mut worker = worker::Worker::new(
+            bundle,
+            config,
+            mtp_head,
+            tier,
+            metrics.clone(),
+            log,
+            stop.clone(),
+        );
         std::thread::Builder::new()
             .name("mtplx-engine".into())
             .spawn(move || {
@@ -88,7 +114,12 @@ impl Engine {
                     }
                 }
             })?;
-        Ok(Engine { tx, metrics })
+        Ok(Engine { tx, metrics, stop })
+    }
+
+    /// Cancels the running generation and every one after it (a stopping server).
+    pub fn stop(&self) {
+        self.stop.stop();
     }
 
     /// Queues `job`; its events arrive on the returned receiver. A full queue is a 503.

@@ -17,7 +17,7 @@ use super::error::EngineError;
 use super::job::{
     prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, SpecSummary, Summary,
 };
-use super::EngineConfig;
+use super::{EngineConfig, StopSignal};
 use crate::cache::CacheTier;
 use crate::metrics::Metrics;
 use crate::request_log::{Record, RequestLog};
@@ -31,6 +31,8 @@ pub(super) struct Worker {
     pub tier: CacheTier,
     pub metrics: Arc<Metrics>,
     pub log: Option<Arc<RequestLog>>,
+    /// Set when the server stops: generations end at their next step.
+    pub stop: StopSignal,
 }
 
 impl Worker {
@@ -41,6 +43,7 @@ impl Worker {
         tier: CacheTier,
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
+        stop: StopSignal,
     ) -> Self {
         Worker {
             bundle,
@@ -49,6 +52,7 @@ impl Worker {
             tier,
             metrics,
             log,
+            stop,
         }
     }
 
@@ -79,6 +83,22 @@ impl Worker {
             summary
         });
         match result {
+            // Stopped by a shutdown, not by its client: say so (what it had is committed).
+            Ok(summary) if summary.finish == Finish::Cancelled && self.stop.is_stopped() => {
+                self.metrics.count_generation("shutdown");
+                if let Some(log) = &self.log {
+                    log.append(&Record {
+                        status: 503,
+                        error_code: Some("server_shutting_down"),
+                        ..Record::finished(&job.request_id, job.endpoint, &summary)
+                    });
+                }
+                let _ = tx.blocking_send(Event::Failed(
+                    "The server is shutting down: the generation was stopped (the \
+                     conversation so far is kept); retry once it is back."
+                        .into(),
+                ));
+            }
             Ok(summary) => {
                 self.metrics.record(&summary);
                 if let Some(log) = &self.log {
@@ -143,6 +163,7 @@ impl Worker {
             config,
             metrics,
             mtp_head,
+            stop,
             ..
         } = self;
         let (model, tokenizer) = (&bundle.model, &bundle.tokenizer);
@@ -182,7 +203,7 @@ impl Worker {
         let want = if hidden { Want::Hidden } else { Want::Nothing };
         let mut pos = reused;
         for piece in prompt[reused..prompt.len() - 1].chunks(chunk) {
-            if tx.is_closed() {
+            if tx.is_closed() || stop.is_stopped() {
                 summary.prefill_s = prefill_start.elapsed().as_secs_f64();
                 return Ok(summary);
             }
@@ -236,7 +257,7 @@ impl Worker {
             if room == 0 || !gen.has_room() {
                 break Finish::ContextFull;
             }
-            if tx.is_closed() {
+            if tx.is_closed() || stop.is_stopped() {
                 break Finish::Cancelled;
             }
             let tokens = gen.next(

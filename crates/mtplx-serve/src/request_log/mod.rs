@@ -43,6 +43,9 @@ pub struct Record {
     pub ssd_cached_tokens: Option<u64>,
     /// Length of the stored entry that was served.
     pub entry_prefix_len: Option<u64>,
+    /// `spill_queued` when the served RAM entry had been evicted and its write to the SSD
+    /// tier had not committed yet.
+    pub ram_entry_state: Option<String>,
     /// Where the prompt left the nearest stored conversation.
     pub prefix_divergence_token: Option<u64>,
     /// Candidates considered and not served, `mode:reason` joined by `,`.
@@ -71,6 +74,12 @@ pub struct Record {
     pub mean_acceptance_length: Option<f64>,
 }
 
+/// How a session id appears in logs: the first 16 hex digits of its blake3 (ids are
+/// client text, never logged as such).
+pub fn session_hash(id: &str) -> String {
+    blake3::hash(id.as_bytes()).to_hex()[..16].to_string()
+}
+
 fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -94,10 +103,7 @@ impl Record {
             finish_reason: Some(s.finish.label()),
             generation_mode: Some(s.mode.as_str()),
             session_source: s.session.as_ref().map(|(_, src)| *src),
-            session_hash: s
-                .session
-                .as_ref()
-                .map(|(id, _)| blake3::hash(id.as_bytes()).to_hex()[..16].to_string()),
+            session_hash: s.session.as_ref().map(|(id, _)| session_hash(id)),
             proposer: s.spec.as_ref().map(|p| p.proposer),
             drafted_by_depth: s
                 .spec
@@ -129,6 +135,9 @@ impl Record {
                 match (*key, value) {
                     ("ssd_cached_tokens", _) => r.ssd_cached_tokens = num,
                     ("entry_prefix_len", _) => r.entry_prefix_len = num,
+                    ("ram_entry_state", mtplx_bank::LogValue::Str(v)) => {
+                        r.ram_entry_state = Some(v.clone())
+                    }
                     ("prefix_divergence_token", _) => r.prefix_divergence_token = num,
                     ("refused_candidates", mtplx_bank::LogValue::Str(v)) => {
                         r.refused_candidates = Some(v.clone())
@@ -177,6 +186,7 @@ impl Record {
             cache_miss_reason: None,
             ssd_cached_tokens: None,
             entry_prefix_len: None,
+            ram_entry_state: None,
             prefix_divergence_token: None,
             refused_candidates: None,
             restore_s: None,
