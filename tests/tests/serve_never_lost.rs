@@ -193,7 +193,7 @@ async fn survives(stop: Stop) {
     let first_line = last_line(&one_log);
     match stop {
         Stop::Term => {
-            assert_eq!(ssd_entries(&one).await, 0, "written before the stop");
+            assert_eq!(one.ssd_entries().await, 0, "written before the stop");
             one.signal("TERM");
             let status = one.wait_exit();
             assert!(status.success(), "exit status {status}:\n{}", one.log());
@@ -204,7 +204,7 @@ async fn survives(stop: Stop) {
             );
         }
         Stop::KillAfterIdleWrite => {
-            eventually_async("the idle write", || async { ssd_entries(&one).await >= 1 }).await;
+            eventually_async("the idle write", || async { one.ssd_entries().await >= 1 }).await;
             one.signal("KILL");
             one.wait_exit();
         }
@@ -236,12 +236,6 @@ async fn survives(stop: Stop) {
             .unwrap(),
         "the SSD restore changed the answer"
     );
-}
-
-async fn ssd_entries(server: &Server) -> u64 {
-    server.get_json("/admin/cache/ssd").await["entries"]
-        .as_u64()
-        .unwrap_or(0)
 }
 
 #[tokio::test]

@@ -54,13 +54,6 @@ fn start(dir: &Path, name: &str, ssd: &Path, log: &Path) -> Server {
     Server::start(dir, name, &args)
 }
 
-/// Entries in the SSD tier's manifest (committed, so durable).
-async fn ssd_entries(server: &Server) -> u64 {
-    server.get_json("/admin/cache/ssd").await["entries"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn a_conversation_spilled_by_a_killed_server_is_restored_by_the_next() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,7 +68,7 @@ async fn a_conversation_spilled_by_a_killed_server_is_restored_by_the_next() {
     one.chat(&turn(&[("user", "Count from one to five.")]), "conv-2")
         .await;
     eventually_async("the first conversation's spill to be committed", || async {
-        ssd_entries(&one).await >= 1
+        one.ssd_entries().await >= 1
     })
     .await;
     let mut one = one;
@@ -85,7 +78,7 @@ async fn a_conversation_spilled_by_a_killed_server_is_restored_by_the_next() {
     // Process 2 over the same directory: the returning turn is restored from the SSD.
     let log = dir.path().join("two.jsonl");
     let two = start(dir.path(), "two", &ssd, &log);
-    assert!(ssd_entries(&two).await >= 1, "{}", two.log());
+    assert!(two.ssd_entries().await >= 1, "{}", two.log());
     let back = two.chat(&second_turn(&first), "conv-1").await;
     let cached = back.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()

@@ -95,6 +95,13 @@ impl Server {
         r.json()
     }
 
+    /// Entries in the SSD tier's manifest (committed, so durable).
+    pub async fn ssd_entries(&self) -> u64 {
+        self.get_json("/admin/cache/ssd").await["entries"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
     /// A non-streamed chat completion under `session`; fails the test unless it is a 200.
     pub async fn chat(&self, body: &Value, session: &str) -> Reply {
         let r = fetch(
