@@ -67,9 +67,10 @@ pub struct FlushReport {
 }
 
 impl Bank {
-    /// Evicts a resident entry for `cause`: an entry on the SSD tier (or any, without a
-    /// tier) simply leaves; any other is spilled and leaves once written. One the tier can't take stays, unless `cause` frees memory (then it
-    /// is dropped with the reason). Returns whether the entry left the resident set.
+    /// Evicts a resident entry for `cause`. One on the SSD tier (or any, without a tier)
+    /// simply leaves; any other is written, and leaves as it is being written (it stays a
+    /// candidate until the write commits). One the tier does not take stays, unless `cause`
+    /// frees memory: then it is dropped, with the reason. Returns whether it left.
     pub(crate) fn evict(
         &self,
         store: &mut Store,
@@ -78,45 +79,34 @@ impl Bank {
         now: Duration,
         r: &mut CommitReport,
     ) -> bool {
-        let Some(slot) = store.slots.get_mut(&id) else {
+        let Some(slot) = store.slots.get(&id) else {
             return false;
         };
-        if self.cold.is_none() || matches!(slot.durability, Durability::Written) {
-            store.remove(id, now, true);
-            self.left(cause, r);
-            return true;
-        }
-        let slot = store.slots.get_mut(&id).expect("looked up above");
-        if let Durability::Writing(_) = slot.durability {
-            let Durability::Writing(ticket) =
-                std::mem::replace(&mut slot.durability, Durability::Unwritten)
-            else {
-                unreachable!()
-            };
-            store.depart(id, now, ticket);
-            self.left(cause, r);
-            r.spilled += 1;
-            return true;
-        }
-        if slot.durability.may_write(now) {
+        if self.cold.is_some() && slot.durability.may_write(now) {
             self.write(store, id, now);
-            if let Some(Durability::Writing(_)) = store.slots.get(&id).map(|s| &s.durability) {
-                return self.evict(store, id, cause, now, r);
+        }
+        let durability = &mut store.slots.get_mut(&id).expect("resident").durability;
+        match std::mem::replace(durability, Durability::Unwritten) {
+            Durability::Writing(ticket) => {
+                store.depart(id, now, ticket);
+                r.spilled += 1;
+            }
+            kept @ Durability::Failed { .. } if !cause.frees_memory() => {
+                *durability = kept;
+                return false;
+            }
+            Durability::Failed { failure, .. } => {
+                let slot = store.remove(id, now, true).expect("resident");
+                lock(&self.stats).entries_lost += 1;
+                self.emit_failure(&slot.entry, failure, SpillOutcome::Dropped);
+            }
+            // Written, or (without a tier) unwritten: nothing to write.
+            Durability::Written | Durability::Unwritten => {
+                store.remove(id, now, true);
             }
         }
-        // The tier did not take it.
-        if cause.frees_memory() {
-            let failure = match &store.slots[&id].durability {
-                Durability::Failed { failure, .. } => failure.clone(),
-                _ => unreachable!("a write not taken leaves the entry failed"),
-            };
-            let slot = store.remove(id, now, true).expect("resident");
-            lock(&self.stats).entries_lost += 1;
-            self.emit_failure(&slot.entry, failure, SpillOutcome::Dropped);
-            self.left(cause, r);
-            return true;
-        }
-        false
+        self.left(cause, r);
+        true
     }
 
     fn left(&self, cause: Cause, r: &mut CommitReport) {

@@ -10,6 +10,8 @@ async fn main() -> std::process::ExitCode {
             EnvFilter::try_from_env("MTPLX_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours for a terminal; a log file (systemd, Docker, a redirect) gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = mtplx_serve::Config::parse();
     match mtplx_serve::serve(config).await {
