@@ -8,6 +8,7 @@
 //! - `cold-bench`: the SSD tier's restore, write and overhead figures (`cold_bench.rs`).
 //! - `train-mtp`: train the default model's MTP head (`train_mtp.rs`).
 //! - `mtp-corpus`: the tokenized corpus of the GPU recipe for the MTP head (`mtp_corpus.rs`).
+//! - `tidy`: the rules a machine can check (`tidy.rs`); its tests run with the others.
 
 use std::process::Command;
 
@@ -18,6 +19,7 @@ use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 mod cold_bench;
 mod mtp_corpus;
 mod peer;
+mod tidy;
 mod train_mtp;
 
 #[derive(Parser)]
@@ -45,6 +47,9 @@ enum Task {
     },
     /// llama.cpp's llama-bench on the same file and threads, beside mtplx's own figures.
     Peer(peer::PeerArgs),
+    /// The tidy checks (dependency allow-lists, file sizes, module docs, the hasher, import
+    /// cycles): prints every violation.
+    Tidy,
     /// Run the criterion benchmarks (the default model on 2 threads), then the peer step.
     Bench {
         /// Extra arguments passed to `cargo bench`.
@@ -88,6 +93,7 @@ fn main() -> Result<()> {
             Some(m) if args.mtplx_only => peer::run(m.as_ref(), &args)?,
             _ => peer::run(&fetch_model()?, &args)?,
         },
+        Task::Tidy => tidy::run()?,
         Task::FetchModel => {
             fetch_model()?;
         }

@@ -1,3 +1,6 @@
+//! [`Contiguous`]: per-layer K and V buffers grown in chunks; the simplest layout, and the
+//! one a prefill writes fastest into.
+
 use std::ops::Range;
 use std::sync::Arc;
 

@@ -1,3 +1,5 @@
+//! [`KvError`]: the one error type of the KV layouts.
+
 use thiserror::Error;
 
 /// Everything that can go wrong inside a KV layout.

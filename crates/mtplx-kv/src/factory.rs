@@ -1,3 +1,6 @@
+//! [`CacheFactory`]: how a caller names the layout it wants; new caches and restores are
+//! built through it, never in a default layout.
+
 use std::sync::Arc;
 
 use crate::{

@@ -1,3 +1,6 @@
+//! [`ModelError`]: the one error type of the model crate, with the file, tensor or
+//! position that went wrong.
+
 use std::path::PathBuf;
 
 use thiserror::Error;

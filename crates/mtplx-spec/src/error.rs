@@ -1,3 +1,5 @@
+//! [`SpecError`]: the one error type of speculative decoding.
+
 use thiserror::Error;
 
 /// Everything that can go wrong in speculative decoding.

@@ -1,3 +1,5 @@
+//! [`ChatTemplateError`]: why a chat template did not compile or render.
+
 use thiserror::Error;
 
 /// The ways compiling or rendering a [`ChatTemplate`](super::ChatTemplate) can fail.

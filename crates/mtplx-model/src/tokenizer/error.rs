@@ -1,3 +1,5 @@
+//! [`TokenizerError`]: why a tokenizer could not be built or used.
+
 use std::path::PathBuf;
 
 use thiserror::Error;

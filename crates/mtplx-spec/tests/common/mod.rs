@@ -1,3 +1,6 @@
+//! Shared by the speculation tests: the models they run, greedy plain decoding, and the
+//! statistics of the sampling tests.
+
 #![allow(dead_code)]
 
 pub mod stats;

@@ -1,0 +1,793 @@
+//! The tidy checks: the rules of `ARCHITECTURE.md` and `STYLE.md` that a machine can hold,
+//! so a broken rule fails `cargo xtask test` the day it is broken (as rust-analyzer's
+//! `xtask/src/tidy.rs` does):
+//!
+//! - each crate's dependencies are within its allow-list ([`ALLOWED`]);
+//! - no source file is over [`MAX_LINES`] lines;
+//! - every source file starts with a `//!` doc;
+//! - nothing names the standard library's unstable-across-releases hasher;
+//! - no two files of a crate import each other, directly or around a loop ([`cycles`]).
+//!
+//! `cargo xtask tidy` prints every violation; the tests below fail on any.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// Longest source file, in lines.
+pub const MAX_LINES: usize = 800;
+
+/// Each crate's normal (non-dev) dependencies: what ARCHITECTURE.md's invariants allow.
+/// candle only in `mtplx-model`; tokio, hyper, tower and HTTP only in `mtplx-serve`; the
+/// SSD tier's crate only under the bank; `mtplx-kv` knows no model, file or tensor library.
+pub const ALLOWED: &[(&str, &[&str])] = &[
+    ("mtplx-kernels", &["libc"]),
+    ("mtplx-kv", &["mtplx-kernels", "thiserror"]),
+    (
+        "mtplx-model",
+        &[
+            "mtplx-kernels",
+            "mtplx-kv",
+            "candle-core",
+            "candle-nn",
+            "tokenizers",
+            "minijinja",
+            "minijinja-contrib",
+            "safetensors",
+            "memmap2",
+            "half",
+            "sha2",
+            "blake3",
+            "zip",
+            "thiserror",
+            "serde",
+            "serde_json",
+            "cudarc",
+        ],
+    ),
+    ("mtplx-spec", &["mtplx-model", "mtplx-kv", "thiserror"]),
+    (
+        "mtplx-cold",
+        &["thiserror", "blake3", "redb", "libc", "bytemuck"],
+    ),
+    ("mtplx-bank", &["mtplx-kv", "mtplx-cold", "thiserror"]),
+    (
+        "mtplx-serve",
+        &[
+            "mtplx-model",
+            "mtplx-kv",
+            "mtplx-spec",
+            "mtplx-bank",
+            "tokio",
+            "hyper",
+            "hyper-util",
+            "http",
+            "http-body-util",
+            "bytes",
+            "tower",
+            "tower-http",
+            "clap",
+            "tracing",
+            "tracing-subscriber",
+            "serde",
+            "serde_json",
+            "thiserror",
+            "blake3",
+        ],
+    ),
+    (
+        "mtplx-tests",
+        &["mtplx-serve", "clap", "tokio", "tracing-subscriber"],
+    ),
+    (
+        "xtask",
+        &[
+            "mtplx-model",
+            "mtplx-kv",
+            "mtplx-spec",
+            "half",
+            "anyhow",
+            "clap",
+            "serde_json",
+        ],
+    ),
+];
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Violation {
+    pub rule: &'static str,
+    pub what: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.rule, self.what)
+    }
+}
+
+/// The workspace's root (the folder above `xtask/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// A member crate: its name, its folder.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+/// The workspace's members, from its `Cargo.toml`.
+pub fn members(root: &Path) -> Result<Vec<Member>> {
+    let text = fs::read_to_string(root.join("Cargo.toml"))?;
+    let start = text
+        .find("members")
+        .context("no members in the workspace's Cargo.toml")?;
+    let list = &text[start..];
+    let list = &list[list.find('[').context("members list")? + 1..];
+    let list = &list[..list.find(']').context("members list end")?];
+    let mut out = Vec::new();
+    for m in list.split(',') {
+        let rel = m.trim().trim_matches('"');
+        if rel.is_empty() {
+            continue;
+        }
+        let dir = root.join(rel);
+        let name = package_name(&fs::read_to_string(dir.join("Cargo.toml"))?)
+            .with_context(|| format!("no package name in {rel}/Cargo.toml"))?;
+        out.push(Member { name, dir });
+    }
+    Ok(out)
+}
+
+fn package_name(manifest: &str) -> Option<String> {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[package]")
+        .find_map(|l| l.trim().strip_prefix("name"))
+        .and_then(|rest| rest.split('"').nth(1))
+        .map(str::to_owned)
+}
+
+/// The normal dependencies a manifest names (`[dependencies]` and target-specific ones).
+pub fn dependencies(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        let l = line.trim();
+        if l.starts_with('[') {
+            inside = l == "[dependencies]"
+                || (l.starts_with("[target.") && l.ends_with(".dependencies]"));
+            continue;
+        }
+        if !inside || l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        let key = l.split(['=', '.', ' ']).next().unwrap_or_default().trim();
+        if !key.is_empty() {
+            out.push(key.to_owned());
+        }
+    }
+    out
+}
+
+/// Dependencies outside each crate's allow-list; crates the list does not name.
+pub fn check_dependencies(members: &[Member]) -> Result<Vec<Violation>> {
+    let allowed: HashMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut out = Vec::new();
+    for m in members {
+        let manifest = fs::read_to_string(m.dir.join("Cargo.toml"))?;
+        let Some(list) = allowed.get(m.name.as_str()) else {
+            out.push(Violation {
+                rule: "dependencies",
+                what: format!("{} has no allow-list in xtask/src/tidy.rs", m.name),
+            });
+            continue;
+        };
+        for dep in dependencies(&manifest) {
+            if !list.contains(&dep.as_str()) {
+                out.push(Violation {
+                    rule: "dependencies",
+                    what: format!(
+                        "{} depends on {dep}, which its allow-list does not name",
+                        m.name
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every `.rs` file below `dir`, sorted.
+pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            if p.is_dir() {
+                if name != "target"
+                    && name != "fixtures"
+                    && !name.to_string_lossy().starts_with('.')
+                {
+                    stack.push(p);
+                }
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Files over [`MAX_LINES`], files without a `//!` doc, and files naming the unstable
+/// hasher, among `files` (shown relative to `root`).
+pub fn check_files(root: &Path, files: &[PathBuf]) -> Result<Vec<Violation>> {
+    // Spelled in two pieces so this file does not trip its own check.
+    let hasher = ["Default", "Hasher"].concat();
+    let mut out = Vec::new();
+    for f in files {
+        let text = fs::read_to_string(f)?;
+        let rel = f.strip_prefix(root).unwrap_or(f).display().to_string();
+        let lines = text.lines().count();
+        if lines > MAX_LINES {
+            out.push(Violation {
+                rule: "file size",
+                what: format!("{rel} has {lines} lines (at most {MAX_LINES})"),
+            });
+        }
+        let first = text.lines().map(str::trim).find(|l| !l.is_empty());
+        if !first.is_some_and(|l| l.starts_with("//!")) {
+            out.push(Violation {
+                rule: "module doc",
+                what: format!("{rel} does not start with a `//!` doc"),
+            });
+        }
+        if text.contains(&hasher) {
+            out.push(Violation {
+                rule: "hasher",
+                what: format!("{rel} names {hasher} (not stable across Rust releases: use blake3)"),
+            });
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Import cycles inside a crate, at the level of files.
+
+/// A crate's source files as modules: module path (segments below the crate root) → file.
+fn module_files(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
+    let mut out = BTreeMap::new();
+    for f in rust_files(src) {
+        let rel = f.strip_prefix(src).expect("below src");
+        let mut segs: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let last = segs.pop().expect("a file name");
+        match last.as_str() {
+            "lib.rs" | "main.rs" if segs.is_empty() => {}
+            "mod.rs" => {}
+            other => segs.push(other.trim_end_matches(".rs").to_owned()),
+        }
+        // A binary's own modules (src/bin/...) are not the library's.
+        if segs.first().is_some_and(|s| s == "bin") {
+            continue;
+        }
+        out.insert(segs, f);
+    }
+    out
+}
+
+/// The code of a file without its `#[cfg(test)]` modules (tests may import anything).
+fn without_test_modules(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i].trim();
+        let next = lines.get(i + 1).map_or("", |n| n.trim());
+        if l == "#[cfg(test)]" && (next.starts_with("mod ") || next.contains(" mod ")) {
+            // Skip the module: its braces balance at the line that closes it.
+            let mut depth = 0i32;
+            let mut opened = false;
+            i += 1;
+            while i < lines.len() {
+                for c in lines[i].chars() {
+                    match c {
+                        '{' => {
+                            depth += 1;
+                            opened = true
+                        }
+                        '}' => depth -= 1,
+                        _ => {}
+                    }
+                }
+                i += 1;
+                if opened && depth <= 0 {
+                    break;
+                }
+            }
+            continue;
+        }
+        // Comments (docs mention paths that are not imports).
+        if !l.starts_with("//") {
+            out.push_str(lines[i]);
+            out.push('\n');
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Expands a `use` tree (`a::{b, c::{d, e}}`) into full paths.
+fn expand_use(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        let path = tree.split(" as ").next().unwrap_or(tree).trim();
+        return vec![path.to_owned()];
+    };
+    let prefix = tree[..open].trim_end_matches("::").trim();
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts
+        .into_iter()
+        .filter(|p| !p.trim().is_empty())
+        .flat_map(expand_use)
+        .map(|p| match (prefix.is_empty(), p.as_str()) {
+            (true, _) => p,
+            (false, "self") => prefix.to_owned(),
+            (false, _) => format!("{prefix}::{p}"),
+        })
+        .collect()
+}
+
+/// A file's references to other modules of its crate: `use` trees (with whether each is a
+/// `pub use` re-export, and its alias) and `crate::` / `super::` / `self::` paths in code.
+struct FileRefs {
+    /// (path, re-exported as this name if a `pub use`).
+    uses: Vec<(String, Option<String>)>,
+    paths: Vec<String>,
+}
+
+fn file_refs(code: &str) -> FileRefs {
+    let mut uses = Vec::new();
+    let mut rest = code;
+    let mut in_code = String::new();
+    // `use` statements, up to their `;`.
+    while let Some(at) = find_use(rest) {
+        in_code.push_str(&rest[..at.0]);
+        let stmt_end = rest[at.1..].find(';').map_or(rest.len(), |e| at.1 + e);
+        let tree: String = rest[at.1..stmt_end]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for p in expand_use(&tree) {
+            let alias = at.2.then(|| {
+                let name = tree_alias(&tree, &p);
+                name.unwrap_or_else(|| p.rsplit("::").next().unwrap_or(&p).to_owned())
+            });
+            uses.push((p, alias));
+        }
+        rest = &rest[(stmt_end + 1).min(rest.len())..];
+    }
+    in_code.push_str(rest);
+    let mut paths = Vec::new();
+    for start in ["crate::", "super::", "self::"] {
+        let mut s = in_code.as_str();
+        while let Some(i) = s.find(start) {
+            let before = s[..i].chars().last();
+            let tail = &s[i..];
+            let end = tail
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(tail.len());
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                paths.push(tail[..end].trim_end_matches(':').to_owned());
+            }
+            s = &tail[end.max(1)..];
+        }
+    }
+    FileRefs { uses, paths }
+}
+
+/// The next `use` statement in `code`: (its start, where its tree starts, whether `pub`).
+fn find_use(code: &str) -> Option<(usize, usize, bool)> {
+    let mut offset = 0;
+    for line in code.split_inclusive('\n') {
+        let t = line.trim_start();
+        let indent = line.len() - t.len();
+        for (prefix, public) in [
+            ("use ", false),
+            ("pub use ", true),
+            ("pub(crate) use ", true),
+            ("pub(super) use ", true),
+        ] {
+            if t.starts_with(prefix) {
+                let start = offset + indent;
+                return Some((start, start + prefix.len(), public));
+            }
+        }
+        offset += line.len();
+    }
+    None
+}
+
+/// The `as` alias of `path` in a `use` tree, if it has one.
+fn tree_alias(tree: &str, path: &str) -> Option<String> {
+    let last = path.rsplit("::").next()?;
+    let needle = format!("{last} as ");
+    tree.find(&needle).map(|i| {
+        tree[i + needle.len()..]
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    })
+}
+
+/// The module graph of one crate: which file refers to which, and by which path (the
+/// first one seen).
+pub struct Graph {
+    pub edges: BTreeMap<PathBuf, BTreeMap<PathBuf, String>>,
+}
+
+/// Builds the file graph of the crate whose sources are in `src`.
+pub fn graph(src: &Path) -> Result<Graph> {
+    let modules = module_files(src);
+    let mut refs = BTreeMap::new();
+    for (segs, file) in &modules {
+        let code = without_test_modules(&fs::read_to_string(file)?);
+        refs.insert(segs.clone(), file_refs(&code));
+    }
+    // Re-exports: (module, name) → the path it stands for, as written in that module.
+    let mut reexports: HashMap<(Vec<String>, String), String> = HashMap::new();
+    for (segs, r) in &refs {
+        for (path, alias) in &r.uses {
+            if let Some(name) = alias {
+                reexports.insert((segs.clone(), name.clone()), path.clone());
+            }
+        }
+    }
+    let resolver = Resolver {
+        modules: &modules,
+        reexports: &reexports,
+    };
+    let mut edges: BTreeMap<PathBuf, BTreeMap<PathBuf, String>> = BTreeMap::new();
+    for (segs, r) in &refs {
+        let from = modules[segs].clone();
+        let targets = edges.entry(from.clone()).or_default();
+        let all = r.uses.iter().map(|(p, _)| p).chain(r.paths.iter());
+        for p in all {
+            if let Some(to) = resolver.resolve(segs, p, 0) {
+                if to != from {
+                    targets.entry(to).or_insert_with(|| p.clone());
+                }
+            }
+        }
+    }
+    Ok(Graph { edges })
+}
+
+struct Resolver<'a> {
+    modules: &'a BTreeMap<Vec<String>, PathBuf>,
+    reexports: &'a HashMap<(Vec<String>, String), String>,
+}
+
+impl Resolver<'_> {
+    /// The file that defines what `path`, written in module `here`, names; `None` for
+    /// paths outside the crate.
+    fn resolve(&self, here: &[String], path: &str, depth: usize) -> Option<PathBuf> {
+        if depth > 16 {
+            return None;
+        }
+        let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+        let mut abs: Vec<String> = Vec::new();
+        let mut rest = &segs[..];
+        match rest.first().copied() {
+            Some("crate") => rest = &rest[1..],
+            Some("self") => {
+                abs = here.to_vec();
+                rest = &rest[1..];
+            }
+            Some("super") => {
+                abs = here.to_vec();
+                while rest.first() == Some(&"super") {
+                    abs.pop();
+                    rest = &rest[1..];
+                }
+            }
+            Some(first) => {
+                // A relative path: a child module of `here`, else an external crate.
+                let mut child = here.to_vec();
+                child.push(first.to_owned());
+                if !self.modules.contains_key(&child) {
+                    return None;
+                }
+                abs = here.to_vec();
+            }
+            None => return None,
+        }
+        // Walk down through modules that are files.
+        let mut i = 0;
+        while i < rest.len() {
+            let mut next = abs.clone();
+            next.push(rest[i].to_owned());
+            if !self.modules.contains_key(&next) {
+                break;
+            }
+            abs = next;
+            i += 1;
+        }
+        if let Some(name) = rest.get(i) {
+            if let Some(target) = self.reexports.get(&(abs.clone(), (*name).to_owned())) {
+                let mut more = target.clone();
+                for s in &rest[i + 1..] {
+                    more.push_str("::");
+                    more.push_str(s);
+                }
+                if let Some(f) = self.resolve(&abs, &more, depth + 1) {
+                    return Some(f);
+                }
+            }
+        }
+        self.modules.get(&abs).cloned()
+    }
+}
+
+/// The import cycles of a graph: each strongly connected set of two or more files.
+pub fn cycles(g: &Graph) -> Vec<Vec<PathBuf>> {
+    // Tarjan's algorithm, iteratively.
+    let nodes: Vec<&PathBuf> = g.edges.keys().collect();
+    let index_of: HashMap<&PathBuf, usize> =
+        nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let succ: Vec<Vec<usize>> = nodes
+        .iter()
+        .map(|n| {
+            g.edges[*n]
+                .keys()
+                .filter_map(|t| index_of.get(t).copied())
+                .collect()
+        })
+        .collect();
+    let n = nodes.len();
+    let (mut index, mut low, mut on) = (vec![usize::MAX; n], vec![0; n], vec![false; n]);
+    let (mut stack, mut next, mut out) = (Vec::new(), 0, Vec::new());
+    for root in 0..n {
+        if index[root] != usize::MAX {
+            continue;
+        }
+        let mut work = vec![(root, 0usize)];
+        while let Some(&mut (v, ref mut child)) = work.last_mut() {
+            if *child == 0 {
+                index[v] = next;
+                low[v] = next;
+                next += 1;
+                stack.push(v);
+                on[v] = true;
+            }
+            if let Some(&w) = succ[v].get(*child) {
+                *child += 1;
+                if index[w] == usize::MAX {
+                    work.push((w, 0));
+                } else if on[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(parent, _)) = work.last() {
+                low[parent] = low[parent].min(low[v]);
+            }
+            if low[v] == index[v] {
+                let mut set = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on[w] = false;
+                    set.push(nodes[w].clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if set.len() > 1 {
+                    set.sort();
+                    out.push(set);
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Cycles in every member crate's `src/` (tests, benches and examples are their own crates).
+pub fn check_cycles(members: &[Member]) -> Result<Vec<Violation>> {
+    let mut out = Vec::new();
+    for m in members {
+        let src = m.dir.join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let g = graph(&src)?;
+        for cycle in cycles(&g) {
+            let short = |f: &Path| f.strip_prefix(&src).unwrap_or(f).display().to_string();
+            let files: Vec<String> = cycle.iter().map(|f| short(f)).collect();
+            // The edges inside the cycle, with the path that makes each.
+            let inside: Vec<String> = cycle
+                .iter()
+                .flat_map(|from| {
+                    g.edges[from]
+                        .iter()
+                        .filter(|(to, _)| cycle.contains(to))
+                        .map(move |(to, via)| format!("{} → {} ({via})", short(from), short(to)))
+                })
+                .collect();
+            out.push(Violation {
+                rule: "import cycle",
+                what: format!(
+                    "{}: {}\n    {}",
+                    m.name,
+                    files.join(" ↔ "),
+                    inside.join("\n    ")
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Every violation in the workspace at `root`.
+pub fn check(root: &Path) -> Result<Vec<Violation>> {
+    let members = members(root)?;
+    let mut out = check_dependencies(&members)?;
+    let files: Vec<PathBuf> = members.iter().flat_map(|m| rust_files(&m.dir)).collect();
+    out.extend(check_files(root, &files)?);
+    out.extend(check_cycles(&members)?);
+    out.sort();
+    Ok(out)
+}
+
+/// `cargo xtask tidy`: prints every violation; fails if there is one.
+pub fn run() -> Result<()> {
+    let found = check(&workspace_root())?;
+    for v in &found {
+        println!("{v}");
+    }
+    if !found.is_empty() {
+        bail!("{} tidy violation(s)", found.len());
+    }
+    println!("tidy: no violations");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn for_rule(rule: &str) -> Vec<String> {
+        check(&workspace_root())
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.rule == rule)
+            .map(|v| v.what)
+            .collect()
+    }
+
+    #[test]
+    fn every_source_file_has_a_module_doc() {
+        let found = for_rule("module doc");
+        assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
+    fn nothing_names_the_unstable_hasher() {
+        let found = for_rule("hasher");
+        assert!(found.is_empty(), "{found:#?}");
+    }
+
+    /// A crate written to a temporary folder: (relative path, content) pairs.
+    fn planted(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let p = dir.path().join(path);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_planted_cycle_is_found_through_re_exports_and_a_layered_crate_passes() {
+        let cyclic = planted(&[
+            (
+                "src/lib.rs",
+                "//! Root.\nmod a;\nmod b;\npub use a::Thing;\n",
+            ),
+            (
+                "src/a.rs",
+                "//! A.\nuse crate::b::Other;\npub struct Thing;\n",
+            ),
+            // `b` reaches `a` through the root's re-export.
+            ("src/b.rs", "//! B.\npub struct Other(crate::Thing);\n"),
+        ]);
+        let g = graph(&cyclic.path().join("src")).unwrap();
+        let found = cycles(&g);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let names: Vec<_> = found[0]
+            .iter()
+            .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["a.rs", "b.rs"]);
+
+        let layered = planted(&[
+            ("src/lib.rs", "//! Root.\nmod a;\nmod b;\npub use a::Thing;\n"),
+            ("src/a.rs", "//! A.\npub struct Thing;\n"),
+            (
+                "src/b/mod.rs",
+                "//! B.\nmod c;\nuse super::Thing;\npub use c::{Deep, Other as O};\n",
+            ),
+            ("src/b/c.rs", "//! C.\nuse crate::{a::Thing};\npub struct Deep(Thing);\n#[cfg(test)]\nmod tests {\n    use crate::b::O;\n}\n"),
+        ]);
+        assert!(cycles(&graph(&layered.path().join("src")).unwrap()).is_empty());
+    }
+
+    #[test]
+    fn planted_file_and_dependency_violations_are_found() {
+        let long: String = std::iter::once("//! Long.\n".to_owned())
+            .chain((0..MAX_LINES).map(|i| format!("// {i}\n")))
+            .collect();
+        let bad = planted(&[
+            ("long.rs", long.as_str()),
+            ("undocumented.rs", "fn main() {}\n"),
+            (
+                "hashes.rs",
+                &format!(
+                    "//! Hashes.\nuse std::collections::hash_map::{};\n",
+                    ["Default", "Hasher"].concat()
+                ),
+            ),
+        ]);
+        let files = rust_files(bad.path());
+        let mut rules: Vec<&str> = check_files(bad.path(), &files)
+            .unwrap()
+            .iter()
+            .map(|v| v.rule)
+            .collect();
+        rules.sort();
+        assert_eq!(rules, ["file size", "hasher", "module doc"]);
+
+        let manifest = "[package]\nname = \"mtplx-kv\"\n\n[dependencies]\nthiserror.workspace = true\ncandle-core = \"0.11\"\n\n[dev-dependencies]\nproptest.workspace = true\n";
+        let krate = planted(&[("Cargo.toml", manifest)]);
+        let found = check_dependencies(&[Member {
+            name: "mtplx-kv".into(),
+            dir: krate.path().to_path_buf(),
+        }])
+        .unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].what.contains("candle-core"), "{found:?}");
+    }
+}
