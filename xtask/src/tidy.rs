@@ -300,7 +300,8 @@ fn without_test_modules(text: &str) -> String {
     while i < lines.len() {
         let l = lines[i].trim();
         let next = lines.get(i + 1).map_or("", |n| n.trim());
-        if l == "#[cfg(test)]" && (next.starts_with("mod ") || next.contains(" mod ")) {
+        let test_cfg = l.starts_with("#[cfg(") && l.contains("test");
+        if test_cfg && (next.starts_with("mod ") || next.contains(" mod ")) {
             // Skip the module: its braces balance at the line that closes it.
             let mut depth = 0i32;
             let mut opened = false;
@@ -398,20 +399,28 @@ fn file_refs(code: &str) -> FileRefs {
         rest = &rest[(stmt_end + 1).min(rest.len())..];
     }
     in_code.push_str(rest);
+    // Paths in code: `crate::…`, `super::…`, `self::…`, and `child::…` (the resolver keeps
+    // the ones whose first segment is a module of the crate).
     let mut paths = Vec::new();
-    for start in ["crate::", "super::", "self::"] {
-        let mut s = in_code.as_str();
-        while let Some(i) = s.find(start) {
-            let before = s[..i].chars().last();
-            let tail = &s[i..];
-            let end = tail
-                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-                .unwrap_or(tail.len());
-            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                paths.push(tail[..end].trim_end_matches(':').to_owned());
-            }
-            s = &tail[end.max(1)..];
+    let bytes = in_code.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts = (bytes[i].is_ascii_lowercase() || bytes[i] == b'_')
+            && (i == 0 || !(word(bytes[i - 1]) || bytes[i - 1] == b':'));
+        if !starts {
+            i += 1;
+            continue;
         }
+        let mut end = i;
+        while end < bytes.len() && (word(bytes[end]) || bytes[end] == b':') {
+            end += 1;
+        }
+        let path = in_code[i..end].trim_end_matches(':');
+        if path.contains("::") {
+            paths.push(path.to_owned());
+        }
+        i = end.max(i + 1);
     }
     FileRefs { uses, paths }
 }

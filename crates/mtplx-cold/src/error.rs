@@ -3,7 +3,8 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::index::{EntryId, MissReason};
+use crate::id::EntryId;
+use crate::miss::{MissReason, RestoreErrorKind};
 use crate::payload::BoxError;
 
 /// Why [`crate::ColdStore::open`] failed. A damaged manifest is not an error: it is set
@@ -65,38 +66,6 @@ pub enum ReadError {
     Sink(BoxError),
     #[error("reading the free disk space: {0}")]
     FreeSpace(io::Error),
-}
-
-/// The `<kind>` of an `ssd_restore_error:<kind>` miss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RestoreErrorKind {
-    Identity,
-    NotRestorable,
-    Truncated,
-    Foreign,
-    Checksum,
-    Header,
-    Decode,
-    Io,
-    Manifest,
-    Sink,
-}
-
-impl RestoreErrorKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RestoreErrorKind::Identity => "identity",
-            RestoreErrorKind::NotRestorable => "not_restorable",
-            RestoreErrorKind::Truncated => "truncated",
-            RestoreErrorKind::Foreign => "foreign",
-            RestoreErrorKind::Checksum => "checksum",
-            RestoreErrorKind::Header => "header",
-            RestoreErrorKind::Decode => "decode",
-            RestoreErrorKind::Io => "io",
-            RestoreErrorKind::Manifest => "manifest",
-            RestoreErrorKind::Sink => "sink",
-        }
-    }
 }
 
 impl ReadError {

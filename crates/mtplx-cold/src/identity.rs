@@ -48,7 +48,7 @@ impl Identity {
 
 impl fmt::Debug for IdentityDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IdentityDigest({})", crate::key::hex(&self.0[..8]))
+        write!(f, "IdentityDigest({})", crate::hex::hex(&self.0[..8]))
     }
 }
 
@@ -84,7 +84,7 @@ mod tests {
         // Pinned: a change here orphans every stored entry and needs a format bump.
         let d = id("smollm2-135m", "tmpl", Mtp::On, "default").digest();
         assert_eq!(
-            crate::key::hex(&d.0),
+            crate::hex::hex(&d.0),
             "ae00937b8d16b9a0c60c598cb42494060235ba9c46a39702b7f244e4c1ce882a"
         );
     }

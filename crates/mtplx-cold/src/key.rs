@@ -1,5 +1,6 @@
 //! Content keys: every name on disk and in the manifest is a blake3 digest.
 
+use crate::hex::hex;
 use std::fmt;
 
 use crate::identity::IdentityDigest;
@@ -109,14 +110,6 @@ fn update_tokens(h: &mut blake3::Hasher, tokens: &[u32]) {
         }
         h.update(&buf[..chunk.len() * 4]);
     }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 macro_rules! debug_hex {

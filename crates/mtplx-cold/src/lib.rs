@@ -29,28 +29,34 @@ mod budget;
 pub mod codec;
 mod entry;
 mod error;
+mod hex;
+mod id;
 mod identity;
 mod index;
 mod key;
 mod manifest;
+mod miss;
 mod payload;
 pub mod storage;
 mod store;
+mod sync;
 mod write_budget;
 mod writer;
 
 pub use budget::{default_cap, physical_ram, ColdConfig, DEFAULT_WRITE_BUDGET_PER_HOUR, GIB};
 pub use entry::SpillEntry;
-pub use error::{Error, ManifestError, OpenError, ReadError, RestoreErrorKind, WriteError};
+pub use error::{Error, ManifestError, OpenError, ReadError, WriteError};
+pub use id::EntryId;
 pub use identity::{Identity, IdentityDigest, Mtp};
 pub use index::{
-    ColdCandidate, ColdIndex, ColdLookup, ColdOff, ColdQuery, EntryId, MatchKind, MissReason,
-    ReadPath, RestoreReport, RestoreTimings,
+    ColdCandidate, ColdIndex, ColdLookup, ColdOff, ColdQuery, MatchKind, ReadPath, RestoreReport,
+    RestoreTimings,
 };
 pub use key::{
     block_keys, blocks_for, full_block_keys, BlockKey, StateKey, TokenHash, BLOCK_TOKENS,
     FORMAT_VERSION,
 };
+pub use miss::{MissReason, RestoreErrorKind};
 pub use payload::{
     BoxError, DirectLayer, DirectPiece, F32Buffer, KvGeometry, KvRows, KvSink, KvSource,
     NamedBytes, Recurrent, RecurrentCheckpoint, TailState,

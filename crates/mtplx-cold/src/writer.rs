@@ -7,9 +7,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::error::WriteError;
-use crate::index::EntryId;
-use crate::store::{lock, Inner};
+use crate::id::EntryId;
+use crate::sync::lock;
 use crate::SpillEntry;
+
+/// Writes one entry, calling the pause (the writer waits there while foreground work runs)
+/// before each blob.
+pub(crate) type Put = Box<dyn Fn(&SpillEntry, &dyn Fn()) -> Result<EntryId, WriteError> + Send>;
 
 /// The outcome of a queued spill.
 #[derive(Debug)]
@@ -78,7 +82,9 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub(crate) fn start(inner: Arc<Inner>) -> Writer {
+    /// Starts the writer thread: each queued entry is handed to `put` (with the pause to
+    /// call before each blob), at most `cap` bytes queued at once.
+    pub(crate) fn start(cap: u64, put: Put) -> Writer {
         let shared = Arc::new(Shared {
             backlog: AtomicU64::new(0),
             closing: AtomicBool::new(false),
@@ -86,7 +92,6 @@ impl Writer {
             resumed: Condvar::new(),
         });
         let (tx, rx) = mpsc::channel::<Job>();
-        let cap = inner.config.backlog_cap_bytes;
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("mtplx-cold-writer".into())
@@ -99,7 +104,7 @@ impl Writer {
                 };
                 for job in rx {
                     pause();
-                    let r = crate::store::put_entry(&inner, &job.entry, &pause);
+                    let r = put(&job.entry, &pause);
                     s.backlog.fetch_sub(job.bytes, Ordering::SeqCst);
                     let _ = job.done.send(r);
                 }

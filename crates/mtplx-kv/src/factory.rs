@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::{
     BlockPool, Contiguous, KvCache, KvError, KvShape, KvView, LayoutKind, Paged, Segmented,
+    ShareTarget,
 };
 
 /// The caller's choice of layout: new caches, restores and conversions are built through
@@ -98,6 +99,20 @@ impl CacheFactory {
         }
     }
 
+    /// What a view may share its storage with when restored into this layout.
+    fn share_target(&self) -> Option<ShareTarget<'_>> {
+        match self {
+            CacheFactory::Paged { block_tokens, pool } => Some(ShareTarget::Paged {
+                block_tokens: *block_tokens,
+                pool,
+            }),
+            CacheFactory::Segmented { segment_tokens } => Some(ShareTarget::Segmented {
+                segment_tokens: *segment_tokens,
+            }),
+            CacheFactory::Contiguous { .. } | CacheFactory::Device(_) => None,
+        }
+    }
+
     /// A cache in this layout holding the first `len` positions of `source`, whatever
     /// layout `source` has: this is also how a cache converts between layouts.
     ///
@@ -117,7 +132,7 @@ impl CacheFactory {
                 len: have,
             });
         }
-        if let Some(mut cache) = source.share_into(self) {
+        if let Some(mut cache) = self.share_target().and_then(|t| source.share_into(t)) {
             cache.truncate(len);
             return Ok(cache);
         }

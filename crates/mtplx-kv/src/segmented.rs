@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::attention::{self, RowSource, ATTN_BLOCK};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
 use crate::{
-    BufferId, CacheFactory, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
+    BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece, ShareTarget,
 };
 
 /// The smallest allocation for a new tail, in positions.
@@ -286,13 +286,13 @@ impl KvView for Segmented {
         }
     }
 
-    /// Shares every segment when `factory` is segmented (its `segment_tokens` applies to
+    /// Shares every segment when `target` is segmented (its `segment_tokens` applies to
     /// the new cache's future segments).
-    fn share_into(&self, factory: &CacheFactory) -> Option<Box<dyn KvCache>> {
-        match factory {
-            CacheFactory::Segmented { segment_tokens } => {
+    fn share_into(&self, target: ShareTarget<'_>) -> Option<Box<dyn KvCache>> {
+        match target {
+            ShareTarget::Segmented { segment_tokens } => {
                 let mut c = self.clone();
-                c.segment_tokens = Segmented::new(self.shape, *segment_tokens).segment_tokens;
+                c.segment_tokens = Segmented::new(self.shape, segment_tokens).segment_tokens;
                 Some(Box::new(c))
             }
             _ => None,

@@ -3,16 +3,17 @@
 
 mod backend;
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use redb::{
-    Database, MultimapTableDefinition, ReadableTable, ReadableTableMetadata, TableDefinition,
-    WriteTransaction,
+    Database, MultimapTableDefinition, ReadableMultimapTable, ReadableTable, ReadableTableMetadata,
+    TableDefinition, WriteTransaction,
 };
 
 use crate::codec::{blob::HEADER_LEN, BlobKind, EntryBody, EntryHead};
 use crate::error::{db, ManifestError, OpenError};
-use crate::index::EntryId;
+use crate::id::EntryId;
 use crate::key::{BLOCK_TOKENS, FORMAT_VERSION};
 use crate::storage::Storage;
 
@@ -334,6 +335,39 @@ pub(crate) fn remove_entry(
 }
 
 /// Entries in least-recently-used order.
+/// Ids of the entries that reference any of `keys` (as a block or a state).
+pub(crate) fn entries_referencing(
+    w: &WriteTransaction,
+    keys: &HashSet<[u8; 32]>,
+) -> Result<Vec<EntryId>, ManifestError> {
+    let mut ids = HashSet::new();
+    let be = w.open_multimap_table(BLOCK_ENTRIES).map_err(db)?;
+    for key in keys {
+        for id in be.get(key).map_err(db)? {
+            ids.insert(id.map_err(db)?.value());
+        }
+    }
+    let heads = w.open_table(HEADS).map_err(db)?;
+    if heads.len().map_err(db)? > 0 {
+        for row in heads.iter().map_err(db)? {
+            let (id, head) = row.map_err(db)?;
+            match EntryHead::decode(head.value()) {
+                Ok(h) if h.states().any(|s| keys.contains(&s.key.0)) => {
+                    ids.insert(id.value());
+                }
+                Ok(_) => {}
+                // An undecodable record can't be restored: drop it too.
+                Err(_) => {
+                    ids.insert(id.value());
+                }
+            }
+        }
+    }
+    let mut ids: Vec<EntryId> = ids.into_iter().map(EntryId).collect();
+    ids.sort();
+    Ok(ids)
+}
+
 pub(crate) fn lru_order(w: &WriteTransaction) -> Result<Vec<EntryId>, ManifestError> {
     let t = w.open_table(LRU).map_err(db)?;
     let mut out = Vec::with_capacity(t.len().map_err(db)? as usize);

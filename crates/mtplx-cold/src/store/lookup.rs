@@ -2,13 +2,16 @@
 
 use redb::{ReadOnlyMultimapTable, ReadOnlyTable};
 
-use super::Inner;
+use super::inner::Inner;
 use crate::codec::{DecodeError, EntryBody, EntryHead};
-use crate::error::{db, ManifestError, RestoreErrorKind};
+use crate::error::{db, ManifestError};
+use crate::id::EntryId;
 use crate::identity::IdentityDigest;
-use crate::index::{ColdCandidate, ColdLookup, ColdQuery, EntryId, MatchKind, MissReason};
+use crate::index::{ColdCandidate, ColdLookup, ColdQuery, MatchKind};
 use crate::key::{blocks_for, full_block_keys, TokenHasher, BLOCK_TOKENS};
 use crate::manifest;
+use crate::miss::MissReason;
+use crate::miss::RestoreErrorKind;
 
 /// Most entries sharing a block that a block-prefix lookup considers.
 const MAX_BLOCK_CANDIDATES: usize = 64;

@@ -4,16 +4,32 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
-use redb::{ReadableMultimapTable, ReadableTable, ReadableTableMetadata, WriteTransaction};
+use redb::ReadableTable;
 
-use super::{blob_path, Inner, OpenReport, BLOBS_DIR, TMP_DIR};
+use super::inner::{blob_path, Inner, BLOBS_DIR, TMP_DIR};
 use crate::budget::ColdConfig;
-use crate::codec::{blob::HEADER_LEN, BlobHeader, BlobKind, EntryHead};
-use crate::error::{db, ManifestError, OpenError};
-use crate::index::EntryId;
-use crate::key::hex;
+use crate::codec::{blob::HEADER_LEN, BlobHeader, BlobKind};
+use crate::error::{db, OpenError};
+use crate::hex::hex;
 use crate::manifest::{self, Manifest};
 use crate::storage::Storage;
+
+/// What [`ColdStore::open`] found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Why the manifest was set aside and the store started empty, if it was.
+    pub manifest_reset: Option<String>,
+    /// Temporary files of interrupted writes, removed.
+    pub temp_removed: usize,
+    /// Blob files no entry referenced, removed.
+    pub orphans_removed: usize,
+    /// Entries dropped because a blob was missing or damaged.
+    pub entries_dropped: usize,
+    /// Entries evicted because the store was over its cap.
+    pub entries_evicted: usize,
+    /// Entries kept.
+    pub entries: u64,
+}
 
 fn io<'a>(op: &'static str, path: &'a str) -> impl FnOnce(std::io::Error) -> OpenError + 'a {
     move |source| OpenError::Io {
@@ -106,7 +122,7 @@ fn reconcile(inner: &Inner, report: &mut OpenReport) -> Result<(), OpenError> {
     if !bad.is_empty() {
         let w = inner.manifest().begin_write()?;
         let mut released = Vec::new();
-        for id in entries_referencing(&w, &bad)? {
+        for id in manifest::entries_referencing(&w, &bad)? {
             released.extend(manifest::remove_entry(&w, id)?.unwrap_or_default());
             report.entries_dropped += 1;
         }
@@ -140,37 +156,4 @@ fn header_ok(storage: &dyn Storage, kind: BlobKind, key: &[u8; 32], len: u64) ->
         Ok((h, _)) => h.kind() == kind && h.key == *key && h.payload_len + HEADER_LEN as u64 == len,
         Err(_) => false,
     }
-}
-
-/// Ids of the entries that reference any of `keys` (as a block or a state).
-pub(crate) fn entries_referencing(
-    w: &WriteTransaction,
-    keys: &HashSet<[u8; 32]>,
-) -> Result<Vec<EntryId>, ManifestError> {
-    let mut ids = HashSet::new();
-    let be = w.open_multimap_table(manifest::BLOCK_ENTRIES).map_err(db)?;
-    for key in keys {
-        for id in be.get(key).map_err(db)? {
-            ids.insert(id.map_err(db)?.value());
-        }
-    }
-    let heads = w.open_table(manifest::HEADS).map_err(db)?;
-    if heads.len().map_err(db)? > 0 {
-        for row in heads.iter().map_err(db)? {
-            let (id, head) = row.map_err(db)?;
-            match EntryHead::decode(head.value()) {
-                Ok(h) if h.states().any(|s| keys.contains(&s.key.0)) => {
-                    ids.insert(id.value());
-                }
-                Ok(_) => {}
-                // An undecodable record can't be restored: drop it too.
-                Err(_) => {
-                    ids.insert(id.value());
-                }
-            }
-        }
-    }
-    let mut ids: Vec<EntryId> = ids.into_iter().map(EntryId).collect();
-    ids.sort();
-    Ok(ids)
 }

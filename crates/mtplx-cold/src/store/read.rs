@@ -1,21 +1,22 @@
 //! Restores: read the blocks up to the restore point, verify, hand rows to the sink.
 
-use std::io;
 use std::time::Instant;
 
-use super::blocks::{read_blocks, Failed};
-use super::{blob_path, lock, now_s, Inner};
+use super::blob::{blob_name, check_header, open_blob};
+use super::blocks::read_blocks;
+use super::inner::{now_s, Inner};
+use super::rows::Failed;
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{
-    BlobHeader, BlobKind, DecodeError, Descriptor, EntryBody, EntryHead, StateBundle, StateRef,
-    StateRole,
+    BlobKind, DecodeError, Descriptor, EntryBody, EntryHead, StateBundle, StateRef, StateRole,
 };
 use crate::error::{db, ManifestError, ReadError};
-use crate::index::{ColdCandidate, EntryId, RestoreReport, RestoreTimings};
-use crate::key::hex;
+use crate::id::EntryId;
+use crate::index::{ColdCandidate, RestoreReport, RestoreTimings};
 use crate::manifest;
 use crate::payload::{KvSink, RecurrentCheckpoint, TailState};
 use crate::storage::StorageFile;
+use crate::sync::lock;
 
 pub(crate) fn restore(
     inner: &Inner,
@@ -166,103 +167,6 @@ fn deliver(
     Ok(report)
 }
 
-pub(super) fn blob_name(kind: BlobKind, key: &[u8; 32]) -> String {
-    format!("{}.{}", hex(key), kind.extension())
-}
-
-pub(super) fn open_blob(
-    inner: &Inner,
-    kind: BlobKind,
-    key: &[u8; 32],
-) -> Result<Box<dyn StorageFile>, ReadError> {
-    inner
-        .storage
-        .open(&blob_path(kind, key))
-        .map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => ReadError::Missing {
-                blob: blob_name(kind, key),
-            },
-            _ => ReadError::Io {
-                blob: blob_name(kind, key),
-                source: e,
-            },
-        })
-}
-
-/// Checks a blob whose payload should be `payload_len` bytes: its length, and its header
-/// against what the manifest expects. Returns the header's bytes and the stored checksum
-/// (which covers `header[..CHECKSUM_AT]` and the payload, still to be read).
-pub(super) fn check_header(
-    file: &dyn StorageFile,
-    key: &[u8; 32],
-    expect: Descriptor,
-    payload_len: usize,
-) -> Result<([u8; HEADER_LEN], [u8; 32]), ReadError> {
-    let kind = match expect {
-        Descriptor::Kv { .. } => BlobKind::KvBlock,
-        Descriptor::State { .. } => BlobKind::State,
-    };
-    let blob = || blob_name(kind, key);
-    let ioe = |source| ReadError::Io {
-        blob: blob(),
-        source,
-    };
-    let expected = (HEADER_LEN + payload_len) as u64;
-    let actual = file.size().map_err(ioe)?;
-    let mut head = [0u8; HEADER_LEN];
-    if actual >= HEADER_LEN as u64 {
-        file.read_at(0, &mut head).map_err(ioe)?;
-    }
-    let header = match BlobHeader::decode(&head) {
-        Ok(h) => Some(h),
-        Err(DecodeError::Foreign) if actual >= HEADER_LEN as u64 => {
-            return Err(ReadError::Foreign { blob: blob() })
-        }
-        Err(DecodeError::Version(found)) => {
-            return Err(ReadError::FormatMismatch {
-                blob: blob(),
-                found,
-                expected: crate::FORMAT_VERSION,
-            })
-        }
-        Err(_) if actual != expected => None,
-        Err(_) => {
-            return Err(ReadError::Header {
-                blob: blob(),
-                what: "fields",
-            })
-        }
-    };
-    if actual != expected {
-        return Err(ReadError::Truncated {
-            blob: blob(),
-            expected,
-            actual,
-        });
-    }
-    let (header, sum) = header.expect("decoded above when the length is right");
-    if header.key != *key {
-        return Err(ReadError::Header {
-            blob: blob(),
-            what: "key",
-        });
-    }
-    if header.descriptor != expect || header.payload_len != payload_len as u64 {
-        let what = match (header.descriptor, expect) {
-            (Descriptor::Kv { geometry: a, .. }, Descriptor::Kv { geometry: b, .. }) if a != b => {
-                return Err(ReadError::FormatMismatch {
-                    blob: blob(),
-                    found: crate::FORMAT_VERSION,
-                    expected: crate::FORMAT_VERSION,
-                })
-            }
-            _ => "descriptor",
-        };
-        return Err(ReadError::Header { blob: blob(), what });
-    }
-    Ok((head, sum))
-}
-
 /// Reads a blob whose payload is `out.len()` bytes into `out`, checking its length, its
 /// header against what the manifest expects, and its checksum.
 fn read_verified(
@@ -325,14 +229,6 @@ fn read_state(
     run()
         .map(|b| (b, state.file_len))
         .map_err(|e| (e, Some(blob)))
-}
-
-pub(super) fn from_le(values: &mut [f32]) {
-    if cfg!(target_endian = "big") {
-        for v in values.iter_mut() {
-            *v = f32::from_bits(u32::from_le(v.to_bits()));
-        }
-    }
 }
 
 fn touch(inner: &Inner, id: EntryId) -> Result<(), ManifestError> {

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::blocks::{read_into, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
-use super::read::{blob_name, check_header, from_le};
+use super::blob::{blob_name, check_header, from_le};
+use super::rows::{read_into, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody};
 use crate::error::ReadError;

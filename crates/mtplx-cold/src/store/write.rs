@@ -10,17 +10,19 @@ use std::path::{Path, PathBuf};
 
 use redb::ReadableTable;
 
-use super::{blob_path, lock, now_s, Inner, BLOBS_DIR, TMP_DIR};
+use super::inner::{blob_path, now_s, Inner, BLOBS_DIR, TMP_DIR};
 use crate::codec::blob::{seal, HEADER_LEN};
 use crate::codec::{
     BlobHeader, BlobKind, CheckpointRef, Descriptor, EntryBody, EntryHead, StateBundle, StateRef,
     StateRole,
 };
 use crate::error::{db, WriteError};
-use crate::index::EntryId;
-use crate::key::{block_keys, hex, StateKey, TokenHash, BLOCK_TOKENS};
+use crate::hex::hex;
+use crate::id::EntryId;
+use crate::key::{block_keys, StateKey, TokenHash, BLOCK_TOKENS};
 use crate::manifest::{self, Released};
 use crate::payload::{Recurrent, TailState};
+use crate::sync::lock;
 use crate::SpillEntry;
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> WriteError + 'a {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::attention::{self, RowSource};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
 use crate::{
-    BufferId, CacheFactory, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
+    BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece, ShareTarget,
 };
 
 use pool::Block;
@@ -197,11 +197,11 @@ impl KvView for Paged {
         }
     }
 
-    /// Shares every block when `factory` is paged with the same block size and pool.
-    fn share_into(&self, factory: &CacheFactory) -> Option<Box<dyn KvCache>> {
-        match factory {
-            CacheFactory::Paged { block_tokens, pool }
-                if *block_tokens == self.block_tokens && pool.same_pool(&self.pool) =>
+    /// Shares every block when `target` is paged with the same block size and pool.
+    fn share_into(&self, target: ShareTarget<'_>) -> Option<Box<dyn KvCache>> {
+        match target {
+            ShareTarget::Paged { block_tokens, pool }
+                if block_tokens == self.block_tokens && pool.same_pool(&self.pool) =>
             {
                 Some(Box::new(self.clone()))
             }

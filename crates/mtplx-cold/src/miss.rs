@@ -1,0 +1,119 @@
+//! [`MissReason`]: why the SSD tier has nothing to offer, with the names the original's
+//! users know, and [`RestoreErrorKind`], the `<kind>` of `ssd_restore_error:<kind>`.
+
+use std::fmt;
+
+/// Why the cold tier has nothing to offer; `Display` gives the names the original's users
+/// know (`ssd_prefix_miss`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MissReason {
+    /// No cold tier configured.
+    CacheOff,
+    /// Nothing stored under this identity (or an empty prompt).
+    EmptyLookup,
+    /// Entries exist under this identity, none is a prefix of the prompt.
+    PrefixMiss,
+    /// The matching entry was written by another format version or geometry.
+    FormatMismatch,
+    /// The entry or one of its blobs is gone.
+    PayloadMissing,
+    /// Reading the entry failed.
+    RestoreError(RestoreErrorKind),
+    /// A hybrid entry matches, but its newest checkpoint at or below the match lies below
+    /// the caller's floor.
+    BoundaryBelowFloor,
+}
+
+impl MissReason {
+    /// How informative a reason is, to report the better of two misses.
+    pub(crate) fn rank(self) -> u8 {
+        match self {
+            MissReason::CacheOff => 0,
+            MissReason::EmptyLookup => 1,
+            MissReason::PrefixMiss => 2,
+            MissReason::FormatMismatch => 3,
+            MissReason::PayloadMissing => 4,
+            MissReason::RestoreError(_) => 5,
+            MissReason::BoundaryBelowFloor => 6,
+        }
+    }
+}
+
+impl fmt::Display for MissReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MissReason::CacheOff => f.write_str("ssd_cache_off"),
+            MissReason::EmptyLookup => f.write_str("ssd_empty_lookup"),
+            MissReason::PrefixMiss => f.write_str("ssd_prefix_miss"),
+            MissReason::FormatMismatch => f.write_str("ssd_format_mismatch"),
+            MissReason::PayloadMissing => f.write_str("ssd_payload_missing"),
+            MissReason::RestoreError(kind) => write!(f, "ssd_restore_error:{}", kind.as_str()),
+            MissReason::BoundaryBelowFloor => f.write_str("ssd_prefix_boundary_below_floor"),
+        }
+    }
+}
+
+/// The `<kind>` of an `ssd_restore_error:<kind>` miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RestoreErrorKind {
+    Identity,
+    NotRestorable,
+    Truncated,
+    Foreign,
+    Checksum,
+    Header,
+    Decode,
+    Io,
+    Manifest,
+    Sink,
+}
+
+impl RestoreErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreErrorKind::Identity => "identity",
+            RestoreErrorKind::NotRestorable => "not_restorable",
+            RestoreErrorKind::Truncated => "truncated",
+            RestoreErrorKind::Foreign => "foreign",
+            RestoreErrorKind::Checksum => "checksum",
+            RestoreErrorKind::Header => "header",
+            RestoreErrorKind::Decode => "decode",
+            RestoreErrorKind::Io => "io",
+            RestoreErrorKind::Manifest => "manifest",
+            RestoreErrorKind::Sink => "sink",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn miss_names_are_the_originals() {
+        let names: Vec<String> = [
+            MissReason::CacheOff,
+            MissReason::EmptyLookup,
+            MissReason::PrefixMiss,
+            MissReason::FormatMismatch,
+            MissReason::PayloadMissing,
+            MissReason::RestoreError(RestoreErrorKind::Checksum),
+            MissReason::BoundaryBelowFloor,
+        ]
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "ssd_cache_off",
+                "ssd_empty_lookup",
+                "ssd_prefix_miss",
+                "ssd_format_mismatch",
+                "ssd_payload_missing",
+                "ssd_restore_error:checksum",
+                "ssd_prefix_boundary_below_floor"
+            ]
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! What both read paths (streamed in `blocks.rs`, resident in `resident.rs`) share: the
+//! sink's rows cut at block bounds, the hashing of gathered pieces, the plan of a read and
+//! its outcome.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::codec::{BlobKind, Descriptor, EntryHead};
+use crate::error::ReadError;
+use crate::index::ReadPath;
+use crate::key::{blocks_for, BLOCK_TOKENS};
+use crate::payload::KvGeometry;
+use crate::storage::StorageFile;
+
+/// Bytes the reader fetches per extent, at least: whole layers of one block.
+pub(super) const EXTENT_BYTES: usize = 1 << 20;
+
+/// A failure, and the blob at fault if the stored bytes are bad.
+pub(super) type Failed = (ReadError, Option<(BlobKind, [u8; 32])>);
+
+/// One layer's K and V rows of one block, in the sink: the sink's pieces cut at the
+/// block's bounds, in position order. The K slices in order, then the V slices, take the
+/// layer's bytes of the block in file order.
+#[derive(Debug, Default)]
+pub(super) struct LayerRows<'s> {
+    pub(super) k: Vec<&'s mut [f32]>,
+    pub(super) v: Vec<&'s mut [f32]>,
+}
+
+/// blake3 over many small slices at the speed of large ones. blake3 hashes several 1 KiB
+/// chunks at once only within one `update`, so slices of a few KiB (a 16-position page of
+/// the default model's K rows is 12 KiB) hash about 1.6× slower than large ones; they are
+/// gathered into a buffer first, which costs a copy of bytes that were just written and are
+/// still in cache. The digest does not depend on how the input is split.
+#[derive(Default)]
+pub(super) struct GatherHasher {
+    hasher: blake3::Hasher,
+    buf: Vec<u8>,
+}
+
+impl GatherHasher {
+    /// Updates of this many bytes or more go to blake3 as they are.
+    const GATHER: usize = 64 << 10;
+
+    /// Starts over.
+    pub(super) fn reset(&mut self) {
+        self.hasher.reset();
+        self.buf.clear();
+    }
+
+    pub(super) fn update(&mut self, mut bytes: &[u8]) {
+        if !self.buf.is_empty() {
+            let take = (Self::GATHER - self.buf.len()).min(bytes.len());
+            self.buf.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.buf.len() < Self::GATHER {
+                return;
+            }
+            self.hasher.update(&self.buf);
+            self.buf.clear();
+        }
+        if bytes.len() >= Self::GATHER {
+            self.hasher.update(bytes);
+        } else {
+            self.buf.extend_from_slice(bytes);
+        }
+    }
+
+    /// The digest of everything since the last reset.
+    pub(super) fn finalize(&mut self) -> [u8; 32] {
+        self.hasher.update(&self.buf);
+        self.buf.clear();
+        *self.hasher.finalize().as_bytes()
+    }
+}
+
+impl<'s> LayerRows<'s> {
+    /// The slices in file order: every K slice, then every V slice.
+    pub(super) fn file_order(&mut self) -> impl Iterator<Item = &mut [f32]> + use<'_, 's> {
+        self.k.iter_mut().chain(self.v.iter_mut()).map(|s| &mut **s)
+    }
+
+    /// Copies a staged layer's wanted rows into the slices: `k` (and `v`) hold as many
+    /// values as the K (and the V) slices together.
+    pub(super) fn fill(&mut self, k: &[f32], v: &[f32]) {
+        for (parts, mut src) in [(&mut self.k, k), (&mut self.v, v)] {
+            for part in parts.iter_mut() {
+                let (head, rest) = src.split_at(part.len());
+                part.copy_from_slice(head);
+                src = rest;
+            }
+        }
+    }
+}
+
+/// What the blocks cost, for the restore's report.
+#[derive(Debug, Default)]
+pub(super) struct BlocksRead {
+    /// How the blocks were read.
+    pub(super) path: ReadPath,
+    pub(super) blocks: usize,
+    pub(super) bytes: u64,
+    /// Time the reader waited for the calling thread, plus the time from the last byte
+    /// read to the last checksum checked: how much hashing and delivery held up the I/O.
+    pub(super) io_stalled: Duration,
+}
+
+/// The shape of a restore: which blocks, how many of their rows, in which extents.
+pub(super) struct Plan {
+    pub(super) g: KvGeometry,
+    pub(super) row: usize,
+    pub(super) point: usize,
+    pub(super) nblocks: usize,
+    pub(super) entry_tokens: usize,
+    pub(super) layers_per_extent: usize,
+}
+
+impl Plan {
+    pub(super) fn new(head: &EntryHead, point: usize) -> Plan {
+        let g = head.geometry;
+        let layer_bytes = 2 * BLOCK_TOKENS * g.row_len() * 4;
+        Plan {
+            g,
+            row: g.row_len(),
+            point,
+            nblocks: blocks_for(point),
+            entry_tokens: head.n_tokens as usize,
+            layers_per_extent: EXTENT_BYTES
+                .div_ceil(layer_bytes)
+                .clamp(1, g.layers as usize),
+        }
+    }
+
+    /// Rows stored in block `i`.
+    pub(super) fn stored(&self, i: usize) -> usize {
+        (self.entry_tokens - i * BLOCK_TOKENS).min(BLOCK_TOKENS)
+    }
+
+    /// Rows of block `i` the restore delivers.
+    pub(super) fn wanted(&self, i: usize) -> usize {
+        (self.point - i * BLOCK_TOKENS).min(BLOCK_TOKENS)
+    }
+
+    pub(super) fn extents(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        let layers = self.g.layers as usize;
+        (0..layers)
+            .step_by(self.layers_per_extent)
+            .map(move |l| l..(l + self.layers_per_extent).min(layers))
+    }
+
+    pub(super) fn descriptor(&self, i: usize) -> Descriptor {
+        Descriptor::Kv {
+            geometry: self.g,
+            n_tokens: self.stored(i) as u32,
+            first_position: (i * BLOCK_TOKENS) as u32,
+        }
+    }
+}
+
+/// Fills the sink's rows from the file: each layer's K rows, then its V rows, in file order.
+pub(super) fn read_into(
+    file: &dyn StorageFile,
+    offset: u64,
+    rows: &mut [LayerRows<'_>],
+) -> std::io::Result<()> {
+    let mut parts: Vec<&mut [u8]> = rows
+        .iter_mut()
+        .flat_map(LayerRows::file_order)
+        .map(bytemuck::cast_slice_mut)
+        .collect();
+    file.read_vectored_at(offset, &mut parts)
+}

@@ -1,0 +1,142 @@
+//! The seam every layout implements: [`KvView`] (read-only rows: what the bank keeps and the
+//! cold tier serialises) and [`KvCache`] (the cache a model writes through), and
+//! [`footprint`], the bytes several views hold together.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::bytes::BufferId;
+use crate::error::KvError;
+use crate::lend::LentLayer;
+use crate::shape::{KvShape, LayoutKind};
+use crate::share::ShareTarget;
+
+/// A read-only view of stored K/V rows, whatever the layout: what the bank keeps and what
+/// the cold tier serialises.
+///
+/// # Byte accounting
+/// [`KvView::physical_bytes`] counts every live buffer this view references, including
+/// buffers it shares with other caches or snapshots (a shared block is counted by each
+/// holder). [`KvView::unique_bytes`] counts only buffers no one else references: what
+/// dropping this view would free. [`footprint`] counts the buffers of several views once
+/// each: what they hold together.
+pub trait KvView: Send + Sync {
+    fn shape(&self) -> KvShape;
+    fn layout(&self) -> LayoutKind;
+    /// Positions stored in `layer`.
+    fn layer_len(&self, layer: usize) -> usize;
+    /// Copies rows `range` of `layer` into `k` and `v` (`range.len() * row_len` each).
+    fn read_rows(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), KvError>;
+    /// Bytes the stored rows would take packed (`len * bytes_per_token`).
+    fn logical_bytes(&self) -> usize;
+    /// Bytes of every live buffer this view references, shared ones included.
+    fn physical_bytes(&self) -> usize;
+
+    /// Bytes of the live buffers that only this view references.
+    fn unique_bytes(&self) -> usize {
+        self.physical_bytes()
+    }
+
+    /// Calls `visit(id, bytes)` once for each live buffer this view references; views that
+    /// share a buffer report the same [`BufferId`]. The bytes visited sum to
+    /// [`KvView::physical_bytes`]. By default the view reports itself as one buffer.
+    fn visit_buffers(&self, visit: &mut dyn FnMut(BufferId, usize)) {
+        visit(BufferId::of(self), self.physical_bytes());
+    }
+
+    /// A writable cache in the `target` layout that shares this view's storage instead of
+    /// copying its rows, when the layout allows it (same layout and, for paged caches, the
+    /// same pool). [`crate::CacheFactory::restore`] tries this first.
+    fn share_into(&self, target: ShareTarget<'_>) -> Option<Box<dyn KvCache>> {
+        let _ = target;
+        None
+    }
+
+    /// Positions stored in every layer (the committed length).
+    fn len(&self) -> usize {
+        (0..self.shape().layers)
+            .map(|l| self.layer_len(l))
+            .min()
+            .unwrap_or(0)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A growable KV cache the model writes through.
+///
+/// A forward pass over `n` new tokens calls, for each layer in order, [`KvCache::append`]
+/// with `n` rows and then [`KvCache::attend`] for the `n` queries, which sit at the newest
+/// `n` positions of that layer.
+pub trait KvCache: KvView {
+    /// Appends `k.len() / row_len` positions to `layer`.
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError>;
+
+    /// Appends `n` zeroed positions to every layer and lends their storage, to be filled in
+    /// place: one [`LentLayer`] per layer, in layer order, whose pieces cover exactly the
+    /// `n` new positions of that layer, in order (a layer kept in several buffers, pages or
+    /// segments, lends one piece per buffer). Writing a piece's rows is what
+    /// [`KvCache::append`] of the same rows would have stored. A restore reads rows from
+    /// disk straight into the pieces.
+    ///
+    /// Every layout here lends. The default (`None`, nothing appended) is for a layout
+    /// whose storage can't be lent as `f32` slices; the caller then uses
+    /// [`KvCache::append`].
+    fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
+        let _ = n;
+        None
+    }
+
+    /// Causal attention of `q` (`[n_q, q_heads, head_dim]`, the newest `n_q` positions of
+    /// `layer`) over the layer's rows, written to `out` (same shape).
+    ///
+    /// Every layout runs [`attention::attend`], so the result for a query is bit-identical
+    /// whichever layout holds the rows and however many queries are computed with it.
+    fn attend(
+        &self,
+        layer: usize,
+        q: &[f32],
+        q_heads: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), KvError>;
+
+    /// Drops every position at or after `len` in every layer (speculative rollback).
+    fn truncate(&mut self, len: usize);
+
+    /// The cache as its concrete type, for the model backend that keeps rows in an
+    /// accelerator's memory and runs attention there itself. Host layouts return `None`.
+    fn device_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
+
+    /// A frozen copy-on-write view of the current rows: it never changes when this cache
+    /// grows or is truncated.
+    fn snapshot(&self) -> Arc<dyn KvView>;
+
+    /// A writable copy of this cache in the same layout that shares what the layout can
+    /// share: paged and segmented forks reference the same blocks or segments and pay only
+    /// for their own new tokens; a contiguous fork copies the rows.
+    fn fork(&self) -> Box<dyn KvCache>;
+}
+
+/// Bytes held by `views` together, each shared buffer counted once: the memory that dropping
+/// all of them would free (if nothing else references those buffers).
+pub fn footprint(views: &[&dyn KvView]) -> usize {
+    let mut seen = HashMap::new();
+    for view in views {
+        view.visit_buffers(&mut |id, bytes| {
+            seen.insert(id, bytes);
+        });
+    }
+    seen.values().sum()
+}
