@@ -1,6 +1,6 @@
 //! [`Bank`]: the RAM session bank.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mtplx_cold::{ColdIndex, ColdLookup, ColdQuery, Identity, MissReason as ColdMiss};
@@ -8,49 +8,20 @@ use mtplx_cold::{ColdIndex, ColdLookup, ColdQuery, Identity, MissReason as ColdM
 use crate::admission::{decide, spill_refusal, Admitted, Decision, MemoryEstimate, Refusal};
 use crate::candidate::Handle;
 use crate::clock::{Clock, SystemClock};
+use crate::durability::SpillsDone;
 use crate::durability::{Durability, Observer};
 use crate::entry::Entry;
 use crate::lookup::{gather, LookupQuery, RamEntry};
 use crate::plan::Plan;
-use crate::spill::{Cause, SpillsDone};
+use crate::shared::{Bank, CommitReport};
+use crate::spill::Cause;
 use crate::stats::{SessionInfo, Stats};
 use crate::store::Store;
+use crate::sync::lock;
 use crate::{BankConfig, BankError, Commit, SessionId};
 
 /// Longest an admission waits for shed entries' spills to free their memory.
 const SPILL_WAIT: Duration = Duration::from_secs(30);
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The RAM session bank: committed conversation states, the lookup that picks the state
-/// covering most of a prompt (RAM or SSD), eviction within budgets (spilling to the SSD
-/// tier), writes behind of idle conversations ([`Bank::tick`]), the flush of a stopping
-/// server ([`Bank::flush`]), and admission. Every method takes `&self`; share it behind an
-/// `Arc`.
-pub struct Bank {
-    pub(crate) config: BankConfig,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) cold: Option<Arc<dyn ColdIndex>>,
-    pub(crate) store: Mutex<Store>,
-    pub(crate) stats: Arc<Mutex<Stats>>,
-    /// Spills finished since [`Bank::wait_for_spills`] last returned them.
-    pub(crate) done: Mutex<SpillsDone>,
-    pub(crate) observer: Option<Observer>,
-}
-
-/// What a commit did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CommitReport {
-    /// Whether the committed state is in the bank afterwards (a state over the session's or
-    /// the bank's byte budget on its own is spilled straight away).
-    pub kept: bool,
-    /// Entries evicted to make room (or expired), the new one included if not kept.
-    pub evicted: usize,
-    /// Of those, entries handed to the SSD tier's writer.
-    pub spilled: usize,
-}
 
 impl Bank {
     /// An empty bank on the system clock, with no SSD tier.

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use mtplx_cold::{SpillTicket, WriteError};
 
-use crate::entry::Entry;
 use crate::SessionId;
 
 /// How long an entry the SSD tier refused waits before it is tried again.
@@ -68,16 +67,6 @@ impl fmt::Display for SpillFailure {
     }
 }
 
-/// An entry evicted from the bank whose spill has not committed: its rows are still in
-/// memory (the writer reads them), so it is still a lookup candidate and its bytes still
-/// count in what the bank holds.
-pub(crate) struct Leaving {
-    pub(crate) entry: Arc<Entry>,
-    pub(crate) ticket: SpillTicket,
-    pub(crate) created: Duration,
-    pub(crate) last_access: Duration,
-}
-
 /// What became of an entry the SSD tier did not take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpillOutcome {
@@ -114,3 +103,23 @@ pub enum BankEvent {
 
 /// Called with every [`BankEvent`], with the bank's lock held: it must not call the bank.
 pub type Observer = Arc<dyn Fn(&BankEvent) + Send + Sync>;
+
+/// Spills that finished since they were last asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpillsDone {
+    pub written: usize,
+    pub failed: usize,
+}
+
+/// What a flush ([`Bank::flush`]) wrote and what it could not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Resident entries already on the SSD tier when the flush started.
+    pub already_written: usize,
+    /// Entries written during the flush.
+    pub written: usize,
+    /// Entries the SSD tier could not take, with why.
+    pub failed: Vec<(SessionId, usize, SpillFailure)>,
+    /// Writes still running at the deadline (they may or may not land).
+    pub pending: usize,
+}

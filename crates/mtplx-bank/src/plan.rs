@@ -114,7 +114,7 @@ impl Plan {
                 }
             }
         }?;
-        crate::bank::lock(&stats).record(&restored.explanation);
+        crate::sync::lock(&stats).record(&restored.explanation);
         Ok(restored)
     }
 }
@@ -232,7 +232,7 @@ fn failed(
     miss: ColdMiss,
     stats: &Mutex<Stats>,
 ) -> Restored {
-    crate::bank::lock(stats).ssd_restore_failures += 1;
+    crate::sync::lock(stats).ssd_restore_failures += 1;
     explanation.refused.insert(
         0,
         Refused {

@@ -9,12 +9,13 @@
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::bank::{lock, Bank};
 use crate::convert::spill_entry;
 use crate::durability::{BankEvent, Durability, SpillFailure, SpillOutcome};
+use crate::durability::{FlushReport, SpillsDone};
 use crate::entry::Entry;
+use crate::shared::{Bank, CommitReport};
 use crate::store::Store;
-use crate::{CommitReport, SessionId};
+use crate::sync::lock;
 
 /// Why an entry is evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,26 +45,6 @@ impl Cause {
     fn frees_memory(self) -> bool {
         matches!(self, Cause::SessionBytes | Cause::Bytes | Cause::Shed)
     }
-}
-
-/// Spills that finished since they were last asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SpillsDone {
-    pub written: usize,
-    pub failed: usize,
-}
-
-/// What a flush ([`Bank::flush`]) wrote and what it could not.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FlushReport {
-    /// Resident entries already on the SSD tier when the flush started.
-    pub already_written: usize,
-    /// Entries written during the flush.
-    pub written: usize,
-    /// Entries the SSD tier could not take, with why.
-    pub failed: Vec<(SessionId, usize, SpillFailure)>,
-    /// Writes still running at the deadline (they may or may not land).
-    pub pending: usize,
 }
 
 impl Bank {

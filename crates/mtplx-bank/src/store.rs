@@ -7,12 +7,22 @@ use std::time::Duration;
 
 use mtplx_cold::SpillTicket;
 
-use crate::durability::{Durability, Leaving};
+use crate::durability::Durability;
 use crate::entry::{Entry, Footprint, Slot};
 use crate::SessionId;
 
 /// Sessions remembered as evicted (for the `evicted` miss) at most.
 const EVICTED_MEMORY: usize = 4096;
+
+/// An entry evicted from the bank whose spill has not committed: its rows are still in
+/// memory (the writer reads them), so it is still a lookup candidate and its bytes still
+/// count in what the bank holds.
+pub(crate) struct Leaving {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) ticket: SpillTicket,
+    pub(crate) created: Duration,
+    pub(crate) last_access: Duration,
+}
 
 #[derive(Default)]
 pub(crate) struct Session {
