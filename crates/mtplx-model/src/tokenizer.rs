@@ -8,6 +8,7 @@
 mod error;
 mod gguf;
 mod hf;
+mod parts;
 mod pieces;
 mod pretokenizer;
 mod stream;
@@ -20,9 +21,8 @@ use candle_core::quantized::gguf_file;
 pub use error::TokenizerError;
 pub use stream::StreamDecoder;
 
+use parts::{HfTokenizer, Parts};
 use pieces::TokenPieces;
-
-type HfTokenizer = tokenizers::Tokenizer;
 
 /// Texts of the tokens that end a chat turn; any of them that is a special token of the
 /// vocabulary stops generation (llama.cpp's end-of-generation list).
@@ -49,20 +49,6 @@ pub struct Tokenizer {
     pad: Option<u32>,
     stop: Vec<u32>,
     special: Vec<(u32, String)>,
-    chat_template: Option<String>,
-    add_bos: bool,
-}
-
-/// What each source (GGUF, `tokenizer.json`) supplies; [`Tokenizer::assemble`] derives
-/// the rest.
-struct Parts {
-    hf: HfTokenizer,
-    pieces: TokenPieces,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    pad: Option<u32>,
-    /// Stop ids named by the source beyond EOS (GGUF `eot_token_id`, `eom_token_id`).
-    extra_stop: Vec<u32>,
     chat_template: Option<String>,
     add_bos: bool,
 }

@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 use mtplx_kv::{KvCache, KvShape, KvView};
 
+use super::cache::CudaKvCache;
 use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
-use super::{fit, launch_layer, run_pass, CudaKvCache, CudaModel, Layer, Scratch};
+use super::model::CudaModel;
+use super::pass::{fit, launch_layer, run_pass, Layer, Scratch};
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::mtp::{MtpHead, MtpRunner};

@@ -8,9 +8,10 @@ use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::AddedToken;
 
+use super::error::TokenizerError;
+use super::parts::{HfTokenizer, Parts};
 use super::pieces::{byte_level_bytes, Piece, TokenPieces};
 use super::pretokenizer::PreTokenizerKind;
-use super::{HfTokenizer, Parts, TokenizerError};
 
 const MODEL: &str = "tokenizer.ggml.model";
 const PRE: &str = "tokenizer.ggml.pre";

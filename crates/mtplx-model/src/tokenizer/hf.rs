@@ -4,8 +4,9 @@
 use serde::Deserialize;
 use serde_json::Value as Json;
 
+use super::error::TokenizerError;
+use super::parts::{HfTokenizer, Parts};
 use super::pieces::{byte_level_bytes, Piece, TokenPieces};
-use super::{HfTokenizer, Parts, TokenizerError};
 
 /// The fields of `tokenizer_config.json` mtplx reads.
 #[derive(Debug, Default, Deserialize)]

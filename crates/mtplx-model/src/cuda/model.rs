@@ -1,0 +1,305 @@
+//! [`CudaModel`]: the Llama / Qwen2 graph on the device, as a [`LanguageModel`].
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaSlice;
+use mtplx_kv::{CacheFactory, DeviceCaches, KvCache, KvView};
+
+use super::cache::{CudaCaches, CudaKvCache};
+use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
+use super::pass::{fit, launch_layer, run_pass, Layer, Scratch};
+
+use crate::config::{ModelConfig, RopeStyle};
+use crate::error::{ModelError, Result};
+use crate::model::{Embedding, ForwardOutput, LanguageModel, Model, Want};
+
+/// A model on a CUDA device.
+///
+/// Threading: the model, its caches and an MTP head on its device share one stream, and a
+/// pass may be recorded into a graph while it is queued: use them from one thread at a time
+/// (as the decode loop does). Work queued from another thread meanwhile could be recorded
+/// into the graph.
+pub struct CudaModel {
+    pub(super) dev: Arc<CudaDevice>,
+    pub(super) config: ModelConfig,
+    /// `[vocab, hidden]`; also the output head when tied, and an MTP head's embedding.
+    pub(super) embed: Arc<CudaSlice<f32>>,
+    pub(super) layers: Vec<Layer>,
+    pub(super) final_norm: CudaSlice<f32>,
+    /// `None`: the tied embedding.
+    pub(super) lm_head: Option<DeviceMatrix>,
+    pub(super) rope: DeviceRope,
+    /// The embedding on the host (the CPU model's own, shared): what `embed` reads, with no
+    /// round trip to the device.
+    pub(super) host_embed: Embedding,
+    /// Positions a pass may reach: the model's context, or less where an attention block's
+    /// shared memory runs out.
+    pub(super) max_len: usize,
+    /// Shared memory of an attention block, sized for `max_len`.
+    pub(super) attend_shared: u32,
+    /// Whether passes of up to [`GRAPH_ROWS`] rows replay captured graphs
+    /// (`MTPLX_CUDA_GRAPHS=0` turns them off).
+    pub(super) graphs: std::sync::atomic::AtomicBool,
+    pub(super) scratch: Mutex<Option<Scratch>>,
+}
+
+impl CudaModel {
+    /// Uploads `model`'s weights (dequantized to `f32`) to `dev`.
+    pub fn from_model(model: &Model, dev: Arc<CudaDevice>) -> Result<Self> {
+        let c = model.config().clone();
+        if c.qk_norm {
+            return Err(ModelError::Device(
+                "the CUDA backend does not run per-head Q/K norms (Qwen3) yet".into(),
+            ));
+        }
+        let (h, v) = (c.hidden_size, c.vocab_size);
+        let table: Vec<f32> = match &model.embed {
+            Embedding::Table(m) => {
+                let mut t = vec![0f32; v * h];
+                for (r, row) in t.chunks_exact_mut(h).enumerate() {
+                    m.dequantize_row(r, row);
+                }
+                t
+            }
+            Embedding::Dense(t) => t.flatten_all()?.to_vec1::<f32>()?,
+        };
+        let matrix = |l: &crate::Linear| -> Result<DeviceMatrix> {
+            DeviceMatrix::upload(
+                &dev,
+                &l.dense_rows()?,
+                l.bias().as_deref(),
+                l.out_features(),
+                l.in_features(),
+            )
+        };
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for l in &model.layers {
+            layers.push(Layer {
+                attn_norm: dev.upload(&l.attn_norm)?,
+                qkv: matrix(&l.qkv)?,
+                o: matrix(&l.o)?,
+                ffn_norm: dev.upload(&l.ffn_norm)?,
+                gate_up: matrix(&l.gate_up)?,
+                down: matrix(&l.down)?,
+            });
+        }
+        let lm_head = if c.tie_embeddings {
+            None
+        } else {
+            Some(matrix(&model.lm_head)?)
+        };
+        if !h.is_multiple_of(4) {
+            return Err(ModelError::Device(format!(
+                "hidden size {h}: the CUDA backend needs a multiple of 4"
+            )));
+        }
+        let (cos, sin) = model.rope.tables();
+        let rope = DeviceRope {
+            cos: dev.upload(cos)?,
+            sin: dev.upload(sin)?,
+            interleaved: model.rope.style() == RopeStyle::Interleaved,
+        };
+        let max_len = c
+            .context_length
+            .min(model.rope.max_positions())
+            .min(CudaDevice::max_attend_len(c.head_dim));
+        let attend_shared = CudaDevice::attend_shared_bytes(c.head_dim, max_len)?;
+        let graphs = std::env::var("MTPLX_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Ok(CudaModel {
+            host_embed: model.embed.clone(),
+            max_len,
+            attend_shared,
+            graphs: std::sync::atomic::AtomicBool::new(graphs),
+            embed: Arc::new(dev.upload(&table)?),
+            final_norm: dev.upload(&model.final_norm)?,
+            layers,
+            lm_head,
+            rope,
+            scratch: Mutex::new(None),
+            config: c,
+            dev,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
+    }
+
+    /// The factory of this model's caches (on its device).
+    pub fn cache_factory(&self) -> CacheFactory {
+        CacheFactory::Device(DeviceCaches(Arc::new(CudaCaches(self.dev.clone()))))
+    }
+
+    /// Buffers for passes of up to `rows` rows.
+    fn new_scratch(&self, rows: usize) -> Result<Scratch> {
+        let c = &self.config;
+        Scratch::new(&self.dev, c, rows, c.num_layers, c.vocab_size)
+    }
+
+    /// Queues the pass over every layer for `n` rows (whose `meta` and `kv` are on the
+    /// device).
+    fn layers_pass(&self, s: &mut Scratch, n: usize) -> Result<()> {
+        run_pass(&self.dev, &self.graphs, s, n, &|s| self.launch_layers(s, n))
+    }
+
+    /// The launches of one pass over every layer for `n` rows.
+    fn launch_layers(&self, s: &mut Scratch, n: usize) -> Result<()> {
+        let h = self.config.hidden_size;
+        self.dev.embed(&s.meta, &self.embed, &mut s.x, n, h)?;
+        for (li, l) in self.layers.iter().enumerate() {
+            launch_layer(
+                &self.dev,
+                &self.config,
+                l,
+                li,
+                s,
+                n,
+                &self.rope,
+                self.attend_shared,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// The output head over `rows` normed rows of `s.normed` into `s.logits`.
+    fn output_head(&self, s: &mut Scratch, rows: usize) -> Result<()> {
+        match &self.lm_head {
+            Some(m) => self.dev.matvec(m, &s.normed, &mut s.logits, rows, false),
+            // The tied embedding, without a second copy of it.
+            None => self.dev.matvec_raw(
+                &self.embed,
+                None,
+                self.config.vocab_size,
+                self.config.hidden_size,
+                &s.normed,
+                &mut s.logits,
+                rows,
+                false,
+            ),
+        }
+    }
+}
+
+impl LanguageModel for CudaModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn forward_into(
+        &self,
+        tokens: &[u32],
+        cache: &mut dyn KvCache,
+        want: Want,
+        out: &mut ForwardOutput,
+    ) -> Result<()> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        self.check_tokens(tokens)?;
+        let cache = cache
+            .device_mut()
+            .and_then(|a| a.downcast_mut::<CudaKvCache>())
+            .ok_or_else(|| {
+                ModelError::Device(
+                    "the CUDA model runs on caches from its own factory (CudaModel::cache_factory)"
+                        .into(),
+                )
+            })?;
+        if !Arc::ptr_eq(cache.device(), &self.dev) {
+            return Err(ModelError::Device("the cache is on another device".into()));
+        }
+        // The kernels write through the cache's addresses: its geometry must be the model's.
+        if cache.shape() != c.kv_shape() {
+            return Err(mtplx_kv::KvError::ShapeMismatch {
+                cache: cache.shape(),
+                source_shape: c.kv_shape(),
+            }
+            .into());
+        }
+        let pos0 = cache.len();
+        let max = self.max_len;
+        if pos0 + n > max {
+            return Err(ModelError::ContextFull {
+                len: pos0,
+                new: n,
+                max,
+            });
+        }
+        cache.reserve(pos0 + n)?;
+        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let s = fit(&mut guard, n, |rows| self.new_scratch(rows))?;
+        let h = c.hidden_size;
+        let eps = c.rms_norm_eps;
+        let dev = &*self.dev;
+        s.begin(dev, cache, pos0, pos0, tokens)?;
+        self.layers_pass(s, n)?;
+        cache.commit(pos0 + n);
+        let first = match want {
+            Want::Nothing => {
+                out.rows = 0;
+                out.logits.clear();
+                out.hidden.clear();
+                return dev.sync();
+            }
+            Want::Hidden => 0,
+            Want::Last => n - 1,
+            Want::All => 0,
+        };
+        let rows = n - first;
+        out.rows = rows;
+        out.hidden.resize(rows * h, 0.0);
+        dev.read(&s.x, first * h, &mut out.hidden)?;
+        if want == Want::Hidden {
+            out.logits.clear();
+            return Ok(());
+        }
+        // The head runs over the wanted rows only: normed rows start at row 0.
+        dev.rms_norm_rows(&s.x, first, &self.final_norm, &mut s.normed, rows, h, eps)?;
+        self.output_head(s, rows)?;
+        out.logits.resize(rows * c.vocab_size, 0.0);
+        dev.read(&s.logits, 0, &mut out.logits)
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check_tokens(tokens)?;
+        let h = self.config.hidden_size;
+        let mut out = vec![0f32; tokens.len() * h];
+        self.host_embed.lookup(tokens, h, &mut out)?;
+        Ok(out)
+    }
+
+    fn head(&self, hidden: &[f32]) -> Result<Vec<f32>> {
+        let (h, v) = (self.config.hidden_size, self.config.vocab_size);
+        let n = hidden.len() / h;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let hidden = &hidden[..n * h];
+        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let s = fit(&mut guard, n, |rows| self.new_scratch(rows))?;
+        self.dev.write(hidden, &mut s.x, 0)?;
+        self.dev.rms_norm_rows(
+            &s.x,
+            0,
+            &self.final_norm,
+            &mut s.normed,
+            n,
+            h,
+            self.config.rms_norm_eps,
+        )?;
+        self.output_head(s, n)?;
+        let mut out = vec![0f32; n * v];
+        self.dev.read(&s.logits, 0, &mut out)?;
+        Ok(out)
+    }
+}

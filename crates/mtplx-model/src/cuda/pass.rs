@@ -1,0 +1,217 @@
+//! One forward pass on the device: a decoder layer's weights, the scratch buffers a pass
+//! runs in (sized to fit, replaced when too small), and the launches, replayed from a
+//! captured graph for decode steps and verify blocks.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaGraph, CudaSlice};
+
+use super::cache::CudaKvCache;
+use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+
+pub(super) struct Layer {
+    pub(super) attn_norm: CudaSlice<f32>,
+    pub(super) qkv: DeviceMatrix,
+    pub(super) o: DeviceMatrix,
+    pub(super) ffn_norm: CudaSlice<f32>,
+    pub(super) gate_up: DeviceMatrix,
+    pub(super) down: DeviceMatrix,
+}
+
+/// Activation buffers, grown to the largest block seen, and the graphs captured over them.
+pub(super) struct Scratch {
+    pub(super) rows: usize,
+    /// `[row0, pos0, token ids...]`, what a pass's launches read (see `kernels.cu`).
+    pub(super) meta: CudaSlice<u32>,
+    /// The cache's K and V addresses per layer, and what was last written there.
+    pub(super) kv: CudaSlice<u64>,
+    pub(super) kv_host: Vec<u64>,
+    /// One captured pass over the layers per row count up to [`GRAPH_ROWS`].
+    pub(super) graphs: HashMap<usize, Graph>,
+    pub(super) x: CudaSlice<f32>,
+    pub(super) normed: CudaSlice<f32>,
+    pub(super) qkv: CudaSlice<f32>,
+    pub(super) q: CudaSlice<f32>,
+    pub(super) attn: CudaSlice<f32>,
+    pub(super) gate_up: CudaSlice<f32>,
+    pub(super) act: CudaSlice<f32>,
+    pub(super) logits: CudaSlice<f32>,
+    /// An MTP head's inputs: the trunk's hidden rows, and the two normed halves of the
+    /// head's input (empty for the trunk).
+    pub(super) head_in: [CudaSlice<f32>; 3],
+}
+
+impl Scratch {
+    /// Buffers for `rows` rows of `c`'s geometry over `layers` layers of K/V, with `out`
+    /// scores per row.
+    pub(super) fn new(
+        dev: &CudaDevice,
+        c: &ModelConfig,
+        rows: usize,
+        layers: usize,
+        out: usize,
+    ) -> Result<Self> {
+        Self::with_head_inputs(dev, c, rows, layers, out, false)
+    }
+
+    pub(super) fn with_head_inputs(
+        dev: &CudaDevice,
+        c: &ModelConfig,
+        rows: usize,
+        layers: usize,
+        out: usize,
+        head: bool,
+    ) -> Result<Self> {
+        let head_rows = if head { rows * c.hidden_size } else { 1 };
+        let (h, hd, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
+        Ok(Scratch {
+            rows,
+            meta: dev.zeros(rows + 2)?,
+            kv: dev.zeros(2 * layers)?,
+            kv_host: Vec::new(),
+            graphs: HashMap::new(),
+            x: dev.zeros(rows * h)?,
+            normed: dev.zeros(rows * h)?,
+            qkv: dev.zeros(rows * (qd + 2 * kvd))?,
+            q: dev.zeros(rows * qd)?,
+            attn: dev.zeros(rows * qd)?,
+            gate_up: dev.zeros(rows * 2 * i)?,
+            act: dev.zeros(rows * i)?,
+            logits: dev.zeros(rows * out)?,
+            head_in: [
+                dev.zeros(head_rows)?,
+                dev.zeros(head_rows)?,
+                dev.zeros(head_rows)?,
+            ],
+        })
+    }
+}
+
+/// The buffers in `slot`, replaced by `make(rows)` (at least [`GRAPH_ROWS`]) when there are
+/// none or they hold fewer than `n` rows. Replacing them drops the graphs captured on them.
+pub(super) fn fit(
+    slot: &mut Option<Scratch>,
+    n: usize,
+    make: impl FnOnce(usize) -> Result<Scratch>,
+) -> Result<&mut Scratch> {
+    if slot.as_ref().is_none_or(|s| s.rows < n) {
+        *slot = Some(make(n.max(GRAPH_ROWS))?);
+    }
+    Ok(slot.as_mut().expect("scratch just made"))
+}
+
+impl Scratch {
+    /// Sets up a pass over `tokens`: their K/V land at `cache` rows `row0..` and they are
+    /// rotated for positions `pos0..` (see `kernels.cu`'s `meta`).
+    pub(super) fn begin(
+        &mut self,
+        dev: &CudaDevice,
+        cache: &CudaKvCache,
+        row0: usize,
+        pos0: usize,
+        tokens: &[u32],
+    ) -> Result<()> {
+        let mut meta = Vec::with_capacity(tokens.len() + 2);
+        meta.push(row0 as u32);
+        meta.push(pos0 as u32);
+        meta.extend_from_slice(tokens);
+        dev.write(&meta, &mut self.meta, 0)?;
+        self.point_at(dev, cache)
+    }
+
+    /// Points the pass at `cache`'s buffers (a copy to the device only when they moved:
+    /// another cache, or this one grown).
+    pub(super) fn point_at(&mut self, dev: &CudaDevice, cache: &CudaKvCache) -> Result<()> {
+        let addresses = cache.addresses();
+        if addresses != self.kv_host {
+            dev.write(&addresses, &mut self.kv, 0)?;
+            self.kv_host = addresses;
+        }
+        Ok(())
+    }
+}
+
+/// A captured pass.
+pub(super) struct Graph(CudaGraph);
+
+// SAFETY: CUDA graphs may be launched and destroyed from any thread, one thread at a time
+// (the driver's graph thread-safety rules); every `Graph` lives in the model's scratch,
+// behind its mutex.
+unsafe impl Send for Graph {}
+
+/// Row counts whose passes are captured as graphs and replayed (decode steps and verify
+/// blocks); longer blocks (prefill chunks) launch kernel by kernel.
+pub(super) const GRAPH_ROWS: usize = 8;
+
+/// Queues `launch` for `n` rows: the replay of the graph captured for `n` where there is
+/// one (captured on first use when `n` is at most [`GRAPH_ROWS`] and graphs are on), else
+/// the launches themselves. A capture that fails turns graphs off for good.
+pub(super) fn run_pass(
+    dev: &CudaDevice,
+    graphs: &std::sync::atomic::AtomicBool,
+    s: &mut Scratch,
+    n: usize,
+    launch: &dyn Fn(&mut Scratch) -> Result<()>,
+) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    if n > GRAPH_ROWS || !graphs.load(Ordering::Relaxed) {
+        return launch(s);
+    }
+    if let Some(g) = s.graphs.get(&n) {
+        return dev.replay(&g.0);
+    }
+    match dev.capture(|| launch(s)) {
+        Ok(g) => {
+            dev.replay(&g)?;
+            s.graphs.insert(n, Graph(g));
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("mtplx: CUDA graphs off, launching kernel by kernel: {e}");
+            graphs.store(false, Ordering::Relaxed);
+            launch(s)
+        }
+    }
+}
+
+/// The launches of decoder layer `l` (K/V slot `li` of `s.kv`) over `n` rows of `s.x`,
+/// which it updates in place.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_layer(
+    dev: &CudaDevice,
+    c: &ModelConfig,
+    l: &Layer,
+    li: usize,
+    s: &mut Scratch,
+    n: usize,
+    rope: &DeviceRope,
+    attend_shared: u32,
+) -> Result<()> {
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let heads = (c.num_heads, c.num_kv_heads, hd);
+    let eps = c.rms_norm_eps;
+    let scale = 1.0 / (hd as f32).sqrt();
+    dev.rms_norm(&s.x, &l.attn_norm, &mut s.normed, n, h, eps)?;
+    dev.matvec(&l.qkv, &s.normed, &mut s.qkv, n, false)?;
+    dev.qkv_post(&s.qkv, &mut s.q, &s.kv, li, rope, heads, n, &s.meta)?;
+    dev.attend(
+        &s.q,
+        &s.kv,
+        li,
+        &mut s.attn,
+        heads,
+        n,
+        &s.meta,
+        scale,
+        attend_shared,
+    )?;
+    dev.matvec(&l.o, &s.attn, &mut s.x, n, true)?;
+    dev.rms_norm(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps)?;
+    dev.matvec(&l.gate_up, &s.normed, &mut s.gate_up, n, false)?;
+    dev.silu_mul(&s.gate_up, &mut s.act, n, c.intermediate_size)?;
+    dev.matvec(&l.down, &s.act, &mut s.x, n, true)
+}
