@@ -29,7 +29,7 @@ pub fn run(args: &ColdBenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
-    super::cargo(
+    crate::run::cargo(
         &["bench", "-p", "mtplx-cold", "--bench", "cold"],
         &extra,
         &env,

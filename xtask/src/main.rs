@@ -10,15 +10,15 @@
 //! - `mtp-corpus`: the tokenized corpus of the GPU recipe for the MTP head (`mtp_corpus.rs`).
 //! - `tidy`: the rules a machine can check (`tidy.rs`); its tests run with the others.
 
-use std::process::Command;
-
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
-use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
+
+use run::{cargo, fetch_model};
 
 mod cold_bench;
 mod mtp_corpus;
 mod peer;
+mod run;
 mod tidy;
 mod train_mtp;
 
@@ -56,29 +56,6 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-}
-
-fn fetch_model() -> Result<std::path::PathBuf> {
-    let store = ModelStore::from_env();
-    let path = store
-        .ensure(&DEFAULT_MODEL, &mut |line| eprintln!("[model] {line}"))
-        .context("fetching the default model")?;
-    eprintln!("[model] {} verified", path.display());
-    Ok(path)
-}
-
-fn cargo(args: &[&str], extra: &[String], envs: &[(&str, String)]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(args)
-        .args(extra)
-        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
-        .status()
-        .context("running cargo")?;
-    if !status.success() {
-        bail!("cargo {} failed: {status}", args.join(" "));
-    }
-    Ok(())
 }
 
 fn main() -> Result<()> {
