@@ -1,6 +1,7 @@
 //! `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic). Errors on these
 //! routes are rendered in Anthropic's shape.
 
+mod render;
 mod stream;
 pub mod wire;
 
@@ -11,45 +12,16 @@ use self::stream::MessagesStream;
 use self::wire::MessagesRequest;
 use super::generate::{self, Generation};
 use super::params::token_limit;
-use super::tools::{parse_all, ParsedCall};
-use super::{check_model, json_response, prompt, random_hex, read_json, sse, RequestCtx};
+use super::tools::parse_all;
+use super::{check_model, json_response, prompt, read_json, sse, RequestCtx};
 use crate::body::Body;
-use crate::engine::{Finish, Summary};
 use crate::error::ApiError;
 use crate::state::AppState;
 
+pub use render::{stop_reason, tool_use_block, usage};
+
 pub const ENDPOINT: &str = "/v1/messages";
 pub const COUNT_ENDPOINT: &str = "/v1/messages/count_tokens";
-
-/// Anthropic's `stop_reason` and `stop_sequence`.
-pub fn stop_reason(finish: &Finish, tool_calls: bool) -> (&'static str, Value) {
-    match finish {
-        _ if tool_calls => ("tool_use", Value::Null),
-        Finish::StopSequence(s) => ("stop_sequence", json!(s)),
-        Finish::Length | Finish::ContextFull => ("max_tokens", Value::Null),
-        Finish::StopToken | Finish::Cancelled => ("end_turn", Value::Null),
-    }
-}
-
-/// Anthropic's `usage`.
-pub fn usage(s: &Summary) -> Value {
-    json!({
-        "input_tokens": s.prompt_tokens - s.cached_tokens,
-        "output_tokens": s.completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": s.cached_tokens,
-    })
-}
-
-/// A `tool_use` block with a fresh id.
-pub fn tool_use_block(call: &ParsedCall) -> Value {
-    json!({
-        "type": "tool_use",
-        "id": format!("toolu_{}", random_hex()),
-        "name": call.name,
-        "input": call.arguments_value(),
-    })
-}
 
 pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body>, ApiError> {
     let ctx = RequestCtx::of(&req);

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use serde_json::json;
 
-use super::{stop_reason, tool_use_block, usage};
+use super::render::{stop_reason, tool_use_block, usage};
 use crate::api::sse::{named, SseEncoder};
 use crate::api::tools::{Piece, ToolCallParser};
 use crate::engine::Summary;

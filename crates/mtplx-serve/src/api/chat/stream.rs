@@ -61,7 +61,7 @@ impl ChatStream {
             .map(|p| match p {
                 Piece::Text(t) => self.chunk(json!({ "content": t }), None),
                 Piece::Call(c) => {
-                    let mut call = super::tool_call_json(&c);
+                    let mut call = super::render::tool_call_json(&c);
                     call["index"] = json!(index);
                     index += 1;
                     self.chunk(json!({ "tool_calls": [call] }), None)

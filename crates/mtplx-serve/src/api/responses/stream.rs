@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{function_call_item, message_item, status_of, Meta};
+use super::render::{function_call_item, message_item, status_of, Meta};
 use crate::api::random_hex;
 use crate::api::sse::{named, SseEncoder};
 use crate::api::tools::{Piece, ToolCallParser};
