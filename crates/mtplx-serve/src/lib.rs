@@ -33,13 +33,16 @@ pub mod cache;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod job;
 pub mod layers;
 pub mod metrics;
 pub mod openapi;
 pub mod request_log;
 pub mod router;
 pub mod server;
+pub mod session;
 pub mod state;
+pub mod util;
 
 use std::convert::Infallible;
 

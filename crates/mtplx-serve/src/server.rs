@@ -139,7 +139,7 @@ fn log_flush(state: &AppState, report: &mtplx_bank::FlushReport) {
     }
     for (session, tokens, failure) in &report.failed {
         tracing::warn!(
-            session = crate::request_log::session_hash(session.as_str()),
+            session = crate::session::session_hash(session.as_str()),
             tokens,
             reason = failure.reason,
             "not written at the stop: {}",

@@ -126,7 +126,7 @@ impl AppState {
                 log,
                 settings: settings.clone(),
                 context_window,
-                started: crate::api::unix_now(),
+                started: crate::util::unix_now(),
                 slots: Arc::new(Semaphore::new(settings.max_active_requests.max(1))),
             }),
         })

@@ -10,8 +10,8 @@ use super::params::{stop_strings, token_limit, SamplingParams, StopParam};
 use super::sse::{data, done_marker, SseEncoder};
 use super::{check_model, json_response, openai_usage, read_json, sse, unix_now, RequestCtx};
 use crate::body::Body;
-use crate::engine::Summary;
 use crate::error::ApiError;
+use crate::job::Summary;
 use crate::state::AppState;
 
 pub const ENDPOINT: &str = "/v1/completions";

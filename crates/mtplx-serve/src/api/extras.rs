@@ -5,9 +5,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::GenerationMode;
 use crate::error::ApiError;
-use crate::layers::session::{SessionHint, SessionSource};
+use crate::job::GenerationMode;
+use crate::session::{SessionHint, SessionSource};
 
 /// Flattened into each endpoint's request type.
 #[derive(Debug, Clone, Default, Deserialize)]

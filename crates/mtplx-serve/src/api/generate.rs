@@ -7,8 +7,8 @@ use tower::ServiceExt;
 
 use super::extras::RequestExtras;
 use super::RequestCtx;
-use crate::engine::{Event, Job, Summary};
 use crate::error::ApiError;
+use crate::job::{Event, Job, Summary};
 use crate::state::AppState;
 
 /// A generation as an endpoint asks for it.

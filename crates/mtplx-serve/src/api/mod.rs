@@ -14,8 +14,7 @@ pub mod responses;
 pub mod sse;
 pub mod tools;
 
-use std::hash::{BuildHasher, Hasher};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -24,33 +23,12 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::body::Body;
-use crate::engine::Summary;
 use crate::error::ApiError;
+use crate::job::Summary;
 use crate::layers::body_limit::BodyTooLarge;
 use crate::state::AppState;
 
-/// Unix seconds now.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// 24 random hex digits, for response ids and unseeded samplers.
-pub fn random_hex() -> String {
-    format!("{:016x}{:08x}", random_u64(), random_u64() as u32)
-}
-
-/// A random number from the standard library's per-process hash keys (not for secrets).
-pub fn random_u64() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
+pub use crate::util::{random_hex, random_u64, unix_now};
 
 /// What a handler knows about its request besides the body.
 #[derive(Debug, Clone)]
@@ -59,7 +37,7 @@ pub struct RequestCtx {
     pub request_id: String,
     pub received: Instant,
     /// The session a header named (see [`crate::layers::session`]).
-    pub session: Option<crate::layers::session::SessionHint>,
+    pub session: Option<crate::session::SessionHint>,
 }
 
 impl RequestCtx {
@@ -75,7 +53,7 @@ impl RequestCtx {
             received: Instant::now(),
             session: req
                 .extensions()
-                .get::<crate::layers::session::SessionHint>()
+                .get::<crate::session::SessionHint>()
                 .cloned(),
         }
     }

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::body::Body;
-use crate::engine::{Event, Summary};
+use crate::job::{Event, Summary};
 
 /// Turns engine events into wire frames for one endpoint's streaming format.
 pub trait SseEncoder: Send + 'static {
@@ -127,7 +127,7 @@ pub(crate) mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::engine::Finish;
+    use crate::job::Finish;
 
     /// The `data:` payloads of frames (`[DONE]` as a string), for encoder tests.
     pub(crate) fn decode(frames: &[Bytes]) -> Vec<Value> {

@@ -7,8 +7,8 @@ use mtplx_bank::MemoryEstimate;
 
 use super::stage::{Step, StepLayer};
 use super::CacheTier;
-use crate::engine::Job;
 use crate::error::ApiError;
+use crate::job::Job;
 
 /// The estimate for `job` with `in_flight` bytes already reserved.
 pub fn estimate(tier: &CacheTier, job: &Job, in_flight: u64) -> MemoryEstimate {

@@ -1,5 +1,5 @@
 //! The cache path in front of the engine: session resolution, admission, restore. Each is
-//! a tower layer over [`Job`](crate::engine::Job)s, so a tier can be reused, reordered or
+//! a tower layer over [`Job`](crate::job::Job)s, so a tier can be reused, reordered or
 //! tested alone; [`Pipeline`] stacks them around the [`Engine`](crate::engine::Engine):
 //!
 //! ```text
@@ -19,7 +19,6 @@
 //! bank under the session, cancelled or not.
 
 pub mod admission;
-pub mod locks;
 pub mod restore;
 pub mod session;
 pub mod stage;
@@ -28,16 +27,20 @@ pub mod tier;
 pub use tier::{CacheTier, SsdMode, TierConfig};
 
 use tower::util::BoxCloneSyncService;
-use tower::ServiceBuilder;
+use tower::{Service, ServiceBuilder};
 
-use crate::engine::{Engine, EngineReply, Job};
 use crate::error::ApiError;
+use crate::job::{EngineReply, Job};
 
 /// The whole cache path around the engine, as one cloneable service.
 pub type Pipeline = BoxCloneSyncService<Job, EngineReply, ApiError>;
 
-/// Stacks session → admission → restore around `engine`.
-pub fn pipeline(tier: &CacheTier, engine: Engine) -> Pipeline {
+/// Stacks session → admission → restore around `engine` (the service that runs a job).
+pub fn pipeline<E>(tier: &CacheTier, engine: E) -> Pipeline
+where
+    E: Service<Job, Response = EngineReply, Error = ApiError> + Clone + Send + Sync + 'static,
+    E::Future: Send + 'static,
+{
     BoxCloneSyncService::new(
         ServiceBuilder::new()
             .layer(session::SessionStep::layer(tier.clone()))

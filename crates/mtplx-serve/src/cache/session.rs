@@ -4,21 +4,11 @@
 
 use mtplx_bank::SessionId;
 
-use super::locks::SessionGuard;
 use super::stage::{Step, StepLayer};
 use super::CacheTier;
-use crate::engine::Job;
 use crate::error::ApiError;
-use crate::layers::session::SessionSource;
-
-/// The session a job runs under, and its turn.
-#[derive(Debug)]
-pub struct Resolved {
-    pub id: SessionId,
-    pub source: SessionSource,
-    /// Held until the job is dropped (after its commit).
-    pub guard: SessionGuard,
-}
+use crate::job::{Job, Resolved};
+use crate::session::SessionSource;
 
 /// Names the session of `job` (without waiting for its lock).
 pub fn resolve(tier: &CacheTier, job: &Job) -> (SessionId, SessionSource) {
@@ -28,7 +18,7 @@ pub fn resolve(tier: &CacheTier, job: &Job) -> (SessionId, SessionSource) {
     match tier.bank().session_by_prefix(tier.identity(), &job.prompt) {
         Some(id) => (id, SessionSource::PrefixMatch),
         None => (
-            SessionId::new(format!("anon-{}", crate::api::random_hex())),
+            SessionId::new(format!("anon-{}", crate::util::random_hex())),
             SessionSource::Anonymous,
         ),
     }

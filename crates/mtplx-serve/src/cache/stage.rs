@@ -8,8 +8,8 @@ use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
 
-use crate::engine::Job;
 use crate::error::ApiError;
+use crate::job::Job;
 
 /// One stage of the cache path.
 pub trait Step: Clone + Send + Sync + 'static {

@@ -16,7 +16,8 @@ use mtplx_kv::{CacheFactory, KvShape, LayoutKind};
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::{Bundle, LanguageModel};
 
-use super::locks::SessionLocks;
+use crate::job::Reservation;
+use crate::session::locks::SessionLocks;
 
 /// `--ssd-session-cache`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -84,7 +85,7 @@ struct Inner {
     weights_bytes: u64,
     activation_bytes: u64,
     /// Bytes of the admitted requests not yet finished.
-    reserved: AtomicU64,
+    reserved: Arc<AtomicU64>,
     /// Set when the server stops: no new job enters the cache path.
     closed: AtomicBool,
 }
@@ -152,7 +153,7 @@ impl CacheTier {
                 // Per chunk row: residual, norm, q/k/v/o, gate/up/act (f32), plus the
                 // last row's logits.
                 activation_bytes: chunk * (8 * h + 3 * i) * 4 + v * 4,
-                reserved: AtomicU64::new(0),
+                reserved: Arc::new(AtomicU64::new(0)),
                 closed: AtomicBool::new(false),
             }),
         })
@@ -216,11 +217,7 @@ impl CacheTier {
 
     /// Reserves `bytes` until the returned guard drops.
     pub fn reserve(&self, bytes: u64) -> Reservation {
-        self.inner.reserved.fetch_add(bytes, Ordering::Relaxed);
-        Reservation {
-            tier: self.clone(),
-            bytes,
-        }
+        Reservation::new(self.inner.reserved.clone(), bytes)
     }
 }
 
@@ -230,22 +227,6 @@ impl std::fmt::Debug for CacheTier {
             .field("layout", &self.inner.factory.layout())
             .field("ssd", &self.inner.ssd)
             .finish_non_exhaustive()
-    }
-}
-
-/// Memory held for an admitted request; released when the job is dropped.
-#[derive(Debug)]
-pub struct Reservation {
-    tier: CacheTier,
-    bytes: u64,
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.tier
-            .inner
-            .reserved
-            .fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -313,7 +294,7 @@ fn log_event(e: &BankEvent) {
         failure,
         outcome,
     } = e;
-    let session = crate::request_log::session_hash(session.as_str());
+    let session = crate::session::session_hash(session.as_str());
     let (reason, detail) = (failure.reason, &failure.detail);
     match outcome {
         SpillOutcome::KeptInRam => tracing::warn!(

@@ -15,7 +15,7 @@ use mtplx_spec::{
 };
 
 use super::error::EngineError;
-use super::job::GenerationMode;
+use crate::job::GenerationMode;
 
 /// How the engine speculates when a request asks for `generation_mode: "mtp"`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,23 +3,25 @@
 //! [`Event`]s out. Dropping the event receiver cancels the job within one decode step (or
 //! one prefill chunk).
 
+mod config;
 mod decode;
 mod error;
-mod job;
 mod worker;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mtplx_model::Bundle;
 use tokio::sync::mpsc;
 
+pub use crate::job::{
+    prompt_hash, CacheSummary, EngineReply, Event, Finish, GenerationMode, Job, SpecSummary,
+    Summary,
+};
+pub use config::{EngineConfig, StopSignal};
 pub use decode::{PolicyKind, Speculation};
 pub use error::EngineError;
-pub use job::{
-    prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, SpecSummary, Summary,
-};
 
 use crate::cache::CacheTier;
 use crate::error::ApiError;
@@ -31,19 +33,6 @@ use mtplx_model::mtp::{MtpHead, Vocab};
 /// it is never more than this many pieces of text ahead of what the client read.
 pub const EVENT_BUFFER: usize = 4;
 
-/// Engine settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// Most positions (prompt plus generated) a generation may use.
-    pub context_window: usize,
-    /// Prompt tokens per prefill forward pass.
-    pub prefill_chunk_tokens: usize,
-    /// Jobs that may wait for the engine; one more is refused with a 503.
-    pub queue_capacity: usize,
-    /// Drafting for requests in `mtp` mode.
-    pub speculation: Speculation,
-}
-
 /// A handle to the engine thread. Cheap to clone; the thread ends when the last handle is
 /// dropped and its queue is empty.
 #[derive(Clone)]
@@ -51,22 +40,6 @@ pub struct Engine {
     tx: mpsc::Sender<(Job, mpsc::Sender<Event>)>,
     metrics: Arc<Metrics>,
     stop: StopSignal,
-}
-
-/// Set when the server stops: the running generation and every later one end at their
-/// next step (a prefill chunk or a decode step), commit what they have, and fail with
-/// "the server is shutting down".
-#[derive(Debug, Clone, Default)]
-pub struct StopSignal(Arc<AtomicBool>);
-
-impl StopSignal {
-    pub fn stop(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    pub fn is_stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 impl Engine {
@@ -140,9 +113,6 @@ impl Engine {
         Ok(events_rx)
     }
 }
-
-/// What the engine answers a job with: its events, in order.
-pub type EngineReply = mpsc::Receiver<Event>;
 
 /// The engine as the innermost service of the cache path ([`crate::cache::pipeline`]).
 impl tower::Service<Job> for Engine {

@@ -12,13 +12,13 @@ use mtplx_model::{Bundle, LanguageModel, Want};
 use mtplx_spec::TrunkRows;
 use tokio::sync::mpsc;
 
+use super::config::{EngineConfig, StopSignal};
 use super::decode::{self, Decoding};
 use super::error::EngineError;
-use super::job::{
+use crate::cache::CacheTier;
+use crate::job::{
     prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, SpecSummary, Summary,
 };
-use super::{EngineConfig, StopSignal};
-use crate::cache::CacheTier;
 use crate::metrics::Metrics;
 use crate::request_log::{Record, RequestLog};
 

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 pub use family::Family;
 pub use histogram::Histogram;
 
-use crate::engine::Summary;
+use crate::job::Summary;
 
 const TTFT_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -128,7 +128,7 @@ impl Metrics {
         map.get(&(route, status)).copied().unwrap_or(0)
     }
 
-    /// Generations that ended with `label` (see [`crate::engine::Finish::label`], or
+    /// Generations that ended with `label` (see [`crate::job::Finish::label`], or
     /// `error`).
     pub fn generations(&self, label: &str) -> u64 {
         let map = self.generations.lock().unwrap_or_else(|e| e.into_inner());
@@ -282,7 +282,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Finish;
+    use crate::job::Finish;
 
     #[test]
     fn renders_counts_and_histograms() {
@@ -300,8 +300,8 @@ mod tests {
             prefill_s: 0.1,
             decode_s: 0.5,
             prompt_hash: String::new(),
-            mode: crate::engine::GenerationMode::Mtp,
-            spec: Some(crate::engine::SpecSummary {
+            mode: crate::job::GenerationMode::Mtp,
+            spec: Some(crate::job::SpecSummary {
                 proposer: "lookup",
                 stats: mtplx_spec::SpecStats {
                     drafted_by_depth: vec![4, 2],
@@ -311,7 +311,7 @@ mod tests {
                 },
             }),
             session: None,
-            cache: Some(crate::engine::CacheSummary {
+            cache: Some(crate::job::CacheSummary {
                 mode: "clone".into(),
                 source: "ram".into(),
                 miss_reason: None,

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 pub use rotate::{RotatingFile, Rotation};
 
-use crate::engine::Summary;
+use crate::job::Summary;
 
 /// One line of the log. Every field is a number, a fixed label or a hash.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -74,12 +74,6 @@ pub struct Record {
     pub mean_acceptance_length: Option<f64>,
 }
 
-/// How a session id appears in logs: the first 16 hex digits of its blake3 (ids are
-/// client text, never logged as such).
-pub fn session_hash(id: &str) -> String {
-    blake3::hash(id.as_bytes()).to_hex()[..16].to_string()
-}
-
 fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -89,7 +83,7 @@ fn now() -> f64 {
 impl Record {
     /// A request that ended in the engine (status 200, or 499 when the client left).
     pub fn finished(request_id: &str, endpoint: &'static str, s: &Summary) -> Self {
-        let cancelled = s.finish == crate::engine::Finish::Cancelled;
+        let cancelled = s.finish == crate::job::Finish::Cancelled;
         let mut r = Record {
             status: if cancelled { 499 } else { 200 },
             prompt_hash: Some(s.prompt_hash.clone()),
@@ -103,7 +97,10 @@ impl Record {
             finish_reason: Some(s.finish.label()),
             generation_mode: Some(s.mode.as_str()),
             session_source: s.session.as_ref().map(|(_, src)| *src),
-            session_hash: s.session.as_ref().map(|(id, _)| session_hash(id)),
+            session_hash: s
+                .session
+                .as_ref()
+                .map(|(id, _)| crate::session::session_hash(id)),
             proposer: s.spec.as_ref().map(|p| p.proposer),
             drafted_by_depth: s
                 .spec

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::api::random_hex;
 use crate::api::tools::ParsedCall;
-use crate::engine::{Finish, Summary};
+use crate::job::{Finish, Summary};
 
 /// Anthropic's `stop_reason` and `stop_sequence`.
 pub fn stop_reason(finish: &Finish, tool_calls: bool) -> (&'static str, Value) {

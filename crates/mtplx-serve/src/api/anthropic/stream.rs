@@ -7,8 +7,8 @@ use serde_json::json;
 use super::render::{stop_reason, tool_use_block, usage};
 use crate::api::sse::{named, SseEncoder};
 use crate::api::tools::{Piece, ToolCallParser};
-use crate::engine::Summary;
 use crate::error::{ApiError, ErrorFormat};
+use crate::job::Summary;
 
 pub struct MessagesStream {
     id: String,
@@ -183,7 +183,7 @@ impl SseEncoder for MessagesStream {
 mod tests {
     use super::*;
     use crate::api::sse::tests::decode;
-    use crate::engine::Finish;
+    use crate::job::Finish;
 
     #[test]
     fn tool_calls_stream_as_tool_use_blocks() {

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::api::tools::{parse_all, ParsedCall, ToolChoice};
-use crate::engine::Finish;
+use crate::job::Finish;
 
 /// The assistant message for a generation's whole text, with tool calls parsed out when
 /// the request had tools, and its `finish_reason`.
@@ -36,7 +36,7 @@ pub fn forced_message(choice: &ToolChoice, generated: &str) -> Option<Value> {
 /// An OpenAI `tool_calls` entry with a fresh id.
 pub fn tool_call_json(call: &ParsedCall) -> Value {
     json!({
-        "id": format!("call_{}", crate::api::random_hex()),
+        "id": format!("call_{}", crate::util::random_hex()),
         "type": "function",
         "function": { "name": call.name, "arguments": call.arguments },
     })

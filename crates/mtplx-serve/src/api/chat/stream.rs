@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 use crate::api::sse::{data, done_marker, SseEncoder};
 use crate::api::tools::{Piece, ToolCallParser, ToolChoice};
 use crate::api::{openai_usage, unix_now};
-use crate::engine::Summary;
 use crate::error::ApiError;
+use crate::job::Summary;
 
 pub struct ChatStream {
     id: String,
@@ -147,7 +147,7 @@ mod tests {
 
     use super::*;
     use crate::api::sse::tests::decode;
-    use crate::engine::Finish;
+    use crate::job::Finish;
 
     #[test]
     fn tool_calls_stream_as_tool_call_deltas() {

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::api::random_hex;
 use crate::api::tools::ParsedCall;
-use crate::engine::{Finish, Summary};
+use crate::job::{Finish, Summary};
 
 /// What the response object echoes back from the request.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use super::render::{function_call_item, message_item, status_of, Meta};
 use crate::api::random_hex;
 use crate::api::sse::{named, SseEncoder};
 use crate::api::tools::{Piece, ToolCallParser};
-use crate::engine::Summary;
+use crate::job::Summary;
 
 /// The message item being written.
 struct OpenMessage {
@@ -190,7 +190,7 @@ impl SseEncoder for ResponsesStream {
 mod tests {
     use super::*;
     use crate::api::sse::tests::decode;
-    use crate::engine::Finish;
+    use crate::job::Finish;
 
     fn meta() -> Meta {
         Meta {

@@ -1,34 +1,14 @@
-//! What handlers send the engine, and what it sends back.
+//! What the engine sends back for a job: its [`Event`]s, how it ended ([`Finish`]) and its
+//! counts and timings ([`Summary`]).
 
-use std::time::Instant;
-
-use mtplx_model::sampling::Sampler;
 use mtplx_spec::SpecStats;
 
-use crate::cache::restore::RestoreOutcome;
-use crate::cache::session::Resolved;
-use crate::cache::tier::Reservation;
-use crate::layers::session::SessionHint;
+use tokio::sync::mpsc;
 
-/// How a request wants its tokens produced (`generation_mode`); the tokens are the same
-/// either way, only the speed differs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GenerationMode {
-    /// Speculative: draft, then verify in one forward pass (the default).
-    #[default]
-    Mtp,
-    /// Plain autoregressive decoding, one token per forward pass.
-    Ar,
-}
+use super::request::GenerationMode;
 
-impl GenerationMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GenerationMode::Mtp => "mtp",
-            GenerationMode::Ar => "ar",
-        }
-    }
-}
+/// What the engine answers a job with: its events, in order.
+pub type EngineReply = mpsc::Receiver<Event>;
 
 /// What speculation did for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,35 +16,6 @@ pub struct SpecSummary {
     /// The proposer that drafted (`lookup`, `mtp`, ...).
     pub proposer: &'static str,
     pub stats: SpecStats,
-}
-
-/// One generation to run.
-#[derive(Debug)]
-pub struct Job {
-    /// For the request log.
-    pub request_id: String,
-    /// The route that asked (`/v1/chat/completions`, ...), for the request log.
-    pub endpoint: &'static str,
-    /// Prompt token ids (never empty; the handler checked that they fit the context).
-    pub prompt: Vec<u32>,
-    pub sampler: Sampler,
-    /// Most tokens to generate (at least 1).
-    pub max_tokens: usize,
-    /// Stop strings; the text before the first one is returned.
-    pub stop: Vec<String>,
-    /// Keep going past the model's end-of-turn tokens (benchmarks).
-    pub ignore_eos: bool,
-    pub mode: GenerationMode,
-    /// The session the client named (header or body); `None` lets the cache path match one.
-    pub session: Option<SessionHint>,
-    /// Set by the session stage: the session this job runs and commits under.
-    pub resolved: Option<Resolved>,
-    /// Set by admission: memory held until the job is dropped.
-    pub reservation: Option<Reservation>,
-    /// Set by the restore stage: the restored cache and how it was found.
-    pub restore: Option<RestoreOutcome>,
-    /// When the request arrived: time to first token counts from here.
-    pub received: Instant,
 }
 
 /// What the engine streams back for a job, in order: `Text`* then `Done` or `Failed`.
