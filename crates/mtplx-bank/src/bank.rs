@@ -34,6 +34,7 @@ impl Bank {
             stats: Arc::new(Mutex::new(Stats::default())),
             done: Mutex::new(SpillsDone::default()),
             observer: None,
+            ssd: None,
         }
     }
 

@@ -136,6 +136,9 @@ pub enum MissReason {
     PrefixBoundaryBelowFloor,
     /// What the SSD tier said (`ssd_*`).
     Ssd(ColdMiss),
+    /// The chosen state could not be built into the caller's cache (its shape differs:
+    /// a bug, not bad input); the prompt is computed cold (`restore_error`).
+    RestoreFailed,
 }
 
 impl MissReason {
@@ -152,6 +155,7 @@ impl MissReason {
             MissReason::NoSnapshotCoverage => "no_snapshot_coverage".into(),
             MissReason::PrefixBoundaryBelowFloor => "prefix_boundary_below_floor".into(),
             MissReason::Ssd(m) => m.to_string(),
+            MissReason::RestoreFailed => "restore_error".into(),
         }
     }
 
@@ -204,6 +208,23 @@ pub enum LogValue {
 }
 
 impl Explanation {
+    /// The account of a prompt of `prompt_tokens` computed cold, for `miss` (or for no
+    /// lookup at all).
+    pub fn cold(prompt_tokens: usize, miss: Option<MissReason>) -> Explanation {
+        Explanation {
+            mode: RestoreMode::Cold,
+            prompt_tokens,
+            covered_tokens: 0,
+            cached_tokens: 0,
+            entry_tokens: None,
+            continuation: false,
+            spill_queued: false,
+            refused: Vec::new(),
+            miss,
+            ssd: None,
+        }
+    }
+
     /// Where the served state came from.
     pub fn source(&self) -> Source {
         self.mode.source()

@@ -1,9 +1,10 @@
 //! [`Bank`]'s fields and [`CommitReport`]: the struct every part of the bank works on
 //! (its methods live with their jobs: `bank.rs` the API, `spill.rs` the SSD tier).
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use mtplx_cold::ColdIndex;
+use mtplx_cold::{ColdIndex, ColdStore};
 
 use crate::clock::Clock;
 use crate::config::BankConfig;
@@ -25,6 +26,8 @@ pub struct Bank {
     /// Spills finished since [`Bank::wait_for_spills`] last returned them.
     pub(crate) done: Mutex<SpillsDone>,
     pub(crate) observer: Option<Observer>,
+    /// The SSD tier the bank opened itself ([`Bank::open`]), for its reports.
+    pub(crate) ssd: Option<SsdTier>,
 }
 
 /// What a commit did.
@@ -37,4 +40,20 @@ pub struct CommitReport {
     pub evicted: usize,
     /// Of those, entries handed to the SSD tier's writer.
     pub spilled: usize,
+}
+
+/// How the bank uses its SSD tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SsdAccess {
+    /// Evicted and idle states are written, and returning conversations restore from it.
+    ReadWrite,
+    /// Written, never restored from (to warm a cache, or to compare).
+    WriteOnly,
+}
+
+/// The opened tier, as the bank keeps it for its reports.
+pub(crate) struct SsdTier {
+    pub(crate) dir: PathBuf,
+    pub(crate) access: SsdAccess,
+    pub(crate) store: Arc<ColdStore>,
 }

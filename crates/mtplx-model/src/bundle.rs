@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatMessage, ChatRequest, ChatTemplate, Role};
 use crate::error::{ModelError, Result};
 use crate::model::{LanguageModel, Model};
 use crate::source::{GgufSource, HfSource};
@@ -66,6 +66,53 @@ impl Bundle {
             tokenizer,
             template,
         })
+    }
+}
+
+/// What makes a state this model computed reusable: a state stored under another key is
+/// never reused. The three parts are plain text, for whatever store keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReuseKey {
+    /// The model and its geometry.
+    pub model: String,
+    /// The chat template's behaviour: a hash of a probe conversation rendered by it
+    /// (`none` without a template), so a template that renders the same shares states.
+    pub chat_template: String,
+    /// How the numbers are computed: the weight format (each runs its own kernels, so its
+    /// own bits; the layouts and the prefill chunking change no bit).
+    pub numerics: String,
+}
+
+impl Bundle {
+    /// The key states computed by this bundle are stored under.
+    pub fn reuse_key(&self) -> ReuseKey {
+        let chat_template = self.template.as_ref().map_or_else(
+            || "none".to_string(),
+            |t| {
+                let probe = ChatRequest {
+                    messages: vec![
+                        ChatMessage::text(Role::System, "s"),
+                        ChatMessage::text(Role::User, "u"),
+                        ChatMessage::text(Role::Assistant, "a"),
+                        ChatMessage::text(Role::User, "v"),
+                    ],
+                    tools: None,
+                    add_generation_prompt: true,
+                    template_kwargs: Default::default(),
+                };
+                let text = t.render(&probe).unwrap_or_default();
+                blake3::hash(text.as_bytes()).to_hex()[..32].to_string()
+            },
+        );
+        let c = self.model.config();
+        ReuseKey {
+            model: format!(
+                "{} layers={} hidden={} vocab={}",
+                self.id, c.num_layers, c.hidden_size, c.vocab_size
+            ),
+            chat_template,
+            numerics: format!("weights={:?}", self.model.format()),
+        }
     }
 }
 

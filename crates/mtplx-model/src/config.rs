@@ -86,6 +86,17 @@ impl ModelConfig {
         }
     }
 
+    /// Peak activation bytes of a prefill pass of `chunk_tokens` rows: per row the
+    /// residual, norm, q/k/v/o, gate/up/act (`f32`), plus the last row's logits.
+    pub fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64 {
+        let (h, i, v) = (
+            self.hidden_size as u64,
+            self.intermediate_size as u64,
+            self.vocab_size as u64,
+        );
+        chunk_tokens.max(1) as u64 * (8 * h + 3 * i) * 4 + v * 4
+    }
+
     fn validate(self, path: &Path) -> Result<Self> {
         let bad = |reason: String| ModelError::BadConfig {
             path: path.to_path_buf(),

@@ -38,7 +38,7 @@ pub mod store;
 pub mod tokenizer;
 mod weights;
 
-pub use bundle::{model_id, Bundle};
+pub use bundle::{model_id, Bundle, ReuseKey};
 pub use config::{Architecture, ModelConfig, RopeStyle};
 pub use error::{ModelError, Result};
 pub use generate::{generate_greedy, prefill, FinishReason, Generator};

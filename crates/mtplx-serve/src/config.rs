@@ -350,7 +350,6 @@ impl Config {
         if let Some(v) = self.memory_limit {
             b.memory_limit_bytes = v;
         }
-        t.weights_label = format!("{:?}", self.weight_format());
         t
     }
 }

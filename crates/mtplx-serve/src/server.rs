@@ -11,6 +11,7 @@ use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 use mtplx_model::{Bundle, ModelError};
 use tokio::net::TcpListener;
 
+use crate::cache::SsdMode;
 use crate::config::Config;
 use crate::state::AppState;
 
@@ -89,9 +90,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         },
         settings.cache.bank.memory_limit_bytes as f64 / (1u64 << 30) as f64,
         settings.cache.bank.max_bytes as f64 / (1u64 << 30) as f64,
-        match state.tier().cold() {
-            Some(_) => state.tier().ssd_dir().display().to_string(),
-            None => "off".to_string(),
+        match state.tier().ssd_mode() {
+            SsdMode::Off => "off".to_string(),
+            SsdMode::On | SsdMode::WriteOnly => state.tier().ssd_dir().display().to_string(),
         },
         settings
             .request_log
@@ -129,7 +130,7 @@ fn stop_signal() -> std::io::Result<impl Future<Output = ()>> {
 
 /// Says what a stop wrote and what it could not.
 fn log_flush(state: &AppState, report: &mtplx_bank::FlushReport) {
-    if state.tier().cold().is_none() {
+    if state.tier().ssd_mode() == SsdMode::Off {
         let entries = state.tier().bank().stats().entries;
         tracing::warn!(
             entries,

@@ -69,24 +69,22 @@ pub fn ssd(state: &AppState) -> Result<Response<Body>, ApiError> {
         SsdMode::On => "on",
         SsdMode::WriteOnly => "write-only",
     };
-    let Some(cold) = tier.cold() else {
+    let Some(status) = tier.bank().ssd_status() else {
         return Ok(json_response(&json!({ "mode": mode })));
     };
-    let space = cold
-        .space()
-        .map_err(|e| ApiError::internal(format!("reading the SSD tier's room: {e}")))?;
-    let writes = cold.write_stats();
+    let status = status.map_err(|e| ApiError::internal(e.to_string()))?;
+    let (space, writes) = (&status.space, &status.writes);
     let bank = tier.bank().stats();
     Ok(json_response(&json!({
         "mode": mode,
-        "dir": tier.ssd_dir().display().to_string(),
+        "dir": status.dir.display().to_string(),
         "entries": space.usage.entries,
         "used_bytes": space.usage.used_bytes,
         "cap_bytes": space.cap_bytes,
         "configured_cap_bytes": space.configured_cap_bytes,
         "free_bytes": space.free_bytes,
         "free_disk_floor_bytes": space.free_disk_floor,
-        "backlog_bytes": cold.backlog_bytes(),
+        "backlog_bytes": status.backlog_bytes,
         "written_last_hour_bytes": writes.written_last_hour,
         "skipped_over_write_budget": writes.skipped_over_budget,
         "bank": {

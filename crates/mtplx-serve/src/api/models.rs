@@ -79,7 +79,12 @@ pub fn metrics(state: &AppState) -> Response<Body> {
         "Bank entries not on the SSD tier yet.",
         bank.unwritten as u64,
     ));
-    if let Some(space) = tier.cold().and_then(|c| c.space().ok()) {
+    if let Some(space) = tier
+        .bank()
+        .ssd_status()
+        .and_then(Result::ok)
+        .map(|s| s.space)
+    {
         gauges.push((
             "mtplx_ssd_bytes",
             "Bytes of blobs in the SSD tier.",

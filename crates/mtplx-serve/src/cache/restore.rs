@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use mtplx_bank::{LookupQuery, RestoreMode, Source};
+use mtplx_bank::{Explanation, LookupQuery, MissReason};
 
 use super::stage::{Step, StepLayer};
 use super::CacheTier;
@@ -21,33 +21,24 @@ pub fn restore(tier: &CacheTier, job: &Job) -> RestoreOutcome {
         session: job.resolved.as_ref().map(|r| &r.id),
         floor: 0,
     });
-    let mut out = match plan.restore(tier.factory(), tier.shape()) {
+    let (cache, explanation) = match plan.restore(tier.factory(), tier.shape()) {
         Ok(restored) => {
-            let e = &restored.explanation;
-            let cached = e.cached_tokens;
-            RestoreOutcome {
-                mode: e.mode.to_string(),
-                source: e.source().as_str().to_string(),
-                miss_reason: e.miss.as_ref().map(|m| m.name()),
-                fields: e.log_fields(),
-                cache: (cached > 0).then_some(restored.cache),
-                restore_s: 0.0,
-            }
+            let cached = restored.explanation.cached_tokens > 0;
+            (cached.then_some(restored.cache), restored.explanation)
         }
         // A stored state that can't be built here (another shape: a bug, not bad input)
         // is a miss with a reason; the prompt is computed cold.
         Err(e) => {
             tracing::warn!("restore failed, computing cold: {e}");
-            RestoreOutcome {
-                mode: RestoreMode::Cold.to_string(),
-                source: Source::None.as_str().to_string(),
-                miss_reason: Some("restore_error".into()),
-                ..RestoreOutcome::default()
-            }
+            let miss = Some(MissReason::RestoreFailed);
+            (None, Explanation::cold(job.prompt.len(), miss))
         }
     };
-    out.restore_s = start.elapsed().as_secs_f64();
-    out
+    RestoreOutcome {
+        cache,
+        explanation,
+        restore_s: start.elapsed().as_secs_f64(),
+    }
 }
 
 /// Restores the job's cache from the bank (or the SSD tier behind it).

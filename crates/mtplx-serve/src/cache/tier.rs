@@ -7,13 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use mtplx_bank::{Bank, BankConfig, BankEvent, SpillOutcome};
-use mtplx_cold::{
-    ColdCandidate, ColdConfig, ColdIndex, ColdLookup, ColdQuery, ColdStore, Identity, KvSink,
-    MissReason, Mtp, ReadError, RestoreReport, SpillEntry, SpillTicket, WriteError,
+use mtplx_bank::{
+    Bank, BankConfig, BankEvent, ColdConfig, Identity, Mtp, SpillOutcome, SsdAccess, SsdError,
+    SsdSetup,
 };
 use mtplx_kv::{CacheFactory, KvShape, LayoutKind};
-use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::{Bundle, LanguageModel};
 
 use crate::job::Reservation;
@@ -45,15 +43,13 @@ pub struct TierConfig {
     pub ssd_free_disk_floor: Option<u64>,
     /// Prompt tokens per prefill pass (for the activation estimate).
     pub prefill_chunk_tokens: usize,
-    /// Part of the identity: states computed under other weights are never reused.
-    pub weights_label: String,
 }
 
 impl TierConfig {
     /// Defaults for this machine: bank budgets from its RAM, SSD on under
     /// `$MTPLX_HOME/session-bank`, paged KV.
     pub fn detect() -> TierConfig {
-        let ram = mtplx_cold::physical_ram().unwrap_or(16 << 30);
+        let ram = mtplx_bank::physical_ram().unwrap_or(16 << 30);
         TierConfig {
             bank: BankConfig::for_machine(ram),
             layout: LayoutKind::Paged,
@@ -62,9 +58,19 @@ impl TierConfig {
             ssd_max_bytes: None,
             ssd_free_disk_floor: None,
             prefill_chunk_tokens: 512,
-            weights_label: "default".into(),
         }
     }
+}
+
+/// Why the cache path could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error(transparent)]
+    Ssd(#[from] SsdError),
+    #[error(
+        "the server runs its model on the CPU; a device KV layout needs a device model backend"
+    )]
+    DeviceLayout,
 }
 
 /// The shared state of the cache path. Cheap to clone.
@@ -75,7 +81,6 @@ pub struct CacheTier {
 
 struct Inner {
     bank: Arc<Bank>,
-    cold: Option<Arc<ColdStore>>,
     ssd: SsdMode,
     ssd_dir: PathBuf,
     identity: Identity,
@@ -92,67 +97,50 @@ struct Inner {
 
 impl CacheTier {
     /// Opens the SSD tier (when on) and builds the bank for `bundle`.
-    pub fn open(bundle: &Bundle, config: TierConfig) -> Result<CacheTier, String> {
+    pub fn open(bundle: &Bundle, config: TierConfig) -> Result<CacheTier, TierError> {
         let model_config = bundle.model.config();
-        let shape = model_config.kv_shape();
-        let cold = match config.ssd {
-            SsdMode::Off => None,
-            SsdMode::On | SsdMode::WriteOnly => {
-                let mut cc = ColdConfig::detect();
-                if let Some(max) = config.ssd_max_bytes {
-                    cc.cap_bytes = max;
-                }
-                if let Some(floor) = config.ssd_free_disk_floor {
-                    cc.free_disk_floor = floor;
-                }
-                let store = ColdStore::open_dir(&config.ssd_dir, cc).map_err(|e| {
-                    format!("SSD session cache at {}: {e}", config.ssd_dir.display())
-                })?;
-                Some(Arc::new(store))
-            }
-        };
-        let mut bank = Bank::new(config.bank.clone()).with_observer(Arc::new(log_event));
-        match (&cold, config.ssd) {
-            (Some(c), SsdMode::On) => bank = bank.with_cold(c.clone()),
-            (Some(c), SsdMode::WriteOnly) => bank = bank.with_cold(Arc::new(WriteOnly(c.clone()))),
-            _ => {}
-        }
-        let bank = Arc::new(bank);
-        if cold.is_some() {
-            start_upkeep(Arc::downgrade(&bank));
-        }
         let factory = match config.layout {
             LayoutKind::Contiguous => CacheFactory::contiguous(),
             LayoutKind::Paged => CacheFactory::paged(),
             LayoutKind::Segmented => CacheFactory::segmented(),
-            LayoutKind::Device => {
-                return Err(
-                    "the server runs its model on the CPU; a device KV layout needs \
-                     a device model backend"
-                        .into(),
-                )
-            }
+            LayoutKind::Device => return Err(TierError::DeviceLayout),
         };
-        let chunk = config.prefill_chunk_tokens.max(1) as u64;
-        let (h, i, v) = (
-            model_config.hidden_size as u64,
-            model_config.intermediate_size as u64,
-            model_config.vocab_size as u64,
-        );
+        let access = match config.ssd {
+            SsdMode::Off => None,
+            SsdMode::On => Some(SsdAccess::ReadWrite),
+            SsdMode::WriteOnly => Some(SsdAccess::WriteOnly),
+        };
+        let ssd = access.map(|access| {
+            let mut cold = ColdConfig::detect();
+            if let Some(max) = config.ssd_max_bytes {
+                cold.cap_bytes = max;
+            }
+            if let Some(floor) = config.ssd_free_disk_floor {
+                cold.free_disk_floor = floor;
+            }
+            SsdSetup {
+                dir: config.ssd_dir.clone(),
+                config: cold,
+                access,
+            }
+        });
+        let bank = Bank::open(config.bank.clone(), ssd)?.with_observer(Arc::new(log_event));
+        let bank = Arc::new(bank);
+        if access.is_some() {
+            start_upkeep(Arc::downgrade(&bank));
+        }
         Ok(CacheTier {
             inner: Arc::new(Inner {
                 bank,
-                cold,
                 ssd: config.ssd,
                 ssd_dir: config.ssd_dir,
-                identity: identity(bundle, &config.weights_label),
+                identity: identity(bundle),
                 factory,
-                shape,
+                shape: model_config.kv_shape(),
                 locks: SessionLocks::default(),
                 weights_bytes: bundle.model.weight_bytes() as u64,
-                // Per chunk row: residual, norm, q/k/v/o, gate/up/act (f32), plus the
-                // last row's logits.
-                activation_bytes: chunk * (8 * h + 3 * i) * 4 + v * 4,
+                activation_bytes: model_config
+                    .prefill_activation_bytes(config.prefill_chunk_tokens),
                 reserved: Arc::new(AtomicU64::new(0)),
                 closed: AtomicBool::new(false),
             }),
@@ -161,11 +149,6 @@ impl CacheTier {
 
     pub fn bank(&self) -> &Arc<Bank> {
         &self.inner.bank
-    }
-
-    /// The SSD store, when the tier is on (or write-only).
-    pub fn cold(&self) -> Option<&Arc<ColdStore>> {
-        self.inner.cold.as_ref()
     }
 
     pub fn ssd_mode(&self) -> SsdMode {
@@ -230,39 +213,18 @@ impl std::fmt::Debug for CacheTier {
     }
 }
 
-/// The identity states are stored under: the model, the chat template's behaviour (a hash
-/// of a probe conversation rendered by it), and the weights. `mtp` is always off: the
-/// stored state is the trunk's K/V, which no head changes, and the head's own state is not
-/// stored (measured not to pay; `models/mtp/README.md`), so a head starts its context at
-/// the restored boundary.
-fn identity(bundle: &Bundle, weights: &str) -> Identity {
-    let template = bundle.template.as_ref().map_or_else(
-        || "none".to_string(),
-        |t| {
-            let probe = ChatRequest {
-                messages: vec![
-                    ChatMessage::text(Role::System, "s"),
-                    ChatMessage::text(Role::User, "u"),
-                    ChatMessage::text(Role::Assistant, "a"),
-                    ChatMessage::text(Role::User, "v"),
-                ],
-                tools: None,
-                add_generation_prompt: true,
-                template_kwargs: Default::default(),
-            };
-            let text = t.render(&probe).unwrap_or_default();
-            blake3::hash(text.as_bytes()).to_hex()[..32].to_string()
-        },
-    );
-    let c = bundle.model.config();
+/// The identity states are stored under: what the model says makes its states reusable
+/// ([`Bundle::reuse_key`]: the model, the chat template's behaviour, the numerics). `mtp` is
+/// always off: the stored state is the trunk's K/V, which no head changes, and the head's
+/// own state is not stored (measured not to pay; `models/mtp/README.md`), so a head starts
+/// its context at the restored boundary.
+fn identity(bundle: &Bundle) -> Identity {
+    let key = bundle.reuse_key();
     Identity {
-        model: format!(
-            "{} layers={} hidden={} vocab={}",
-            bundle.id, c.num_layers, c.hidden_size, c.vocab_size
-        ),
-        chat_template: template,
+        model: key.model,
+        chat_template: key.chat_template,
         mtp: Mtp::Off,
-        policy: format!("weights={weights}"),
+        policy: key.numerics,
     }
 }
 
@@ -313,30 +275,5 @@ fn log_event(e: &BankEvent) {
             "a conversation was dropped: memory had to be freed and the SSD tier could not \
              take it ({detail})"
         ),
-    }
-}
-
-/// `--ssd-session-cache write-only`: spills go through, lookups miss.
-struct WriteOnly(Arc<ColdStore>);
-
-impl ColdIndex for WriteOnly {
-    fn lookup(&self, _: &ColdQuery<'_>) -> ColdLookup {
-        ColdLookup::miss(MissReason::CacheOff)
-    }
-
-    fn restore(
-        &self,
-        candidate: &ColdCandidate,
-        sink: &mut dyn KvSink,
-    ) -> Result<RestoreReport, ReadError> {
-        self.0.restore(candidate, sink)
-    }
-
-    fn spill(&self, entry: SpillEntry) -> Result<SpillTicket, WriteError> {
-        self.0.spill(entry)
-    }
-
-    fn check_room(&self, entry: &SpillEntry) -> Result<(), WriteError> {
-        self.0.check_room(entry)
     }
 }

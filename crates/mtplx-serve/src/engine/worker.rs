@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mtplx_bank::Commit;
+use mtplx_bank::{Commit, Explanation};
 use mtplx_kv::KvCache;
 use mtplx_model::mtp::MtpHead;
 use mtplx_model::stop::StopMatcher;
@@ -17,7 +17,8 @@ use super::decode::{self, Decoding};
 use super::error::EngineError;
 use crate::cache::CacheTier;
 use crate::job::{
-    prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, SpecSummary, Summary,
+    prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, RestoreOutcome, SpecSummary,
+    Summary,
 };
 use crate::metrics::Metrics;
 use crate::request_log::{Record, RequestLog};
@@ -58,7 +59,11 @@ impl Worker {
 
     /// Runs `job`, streaming its events to `tx`, then records it.
     pub fn run(&mut self, mut job: Job, tx: mpsc::Sender<Event>) {
-        let restore = job.restore.take().unwrap_or_default();
+        let restore = job.restore.take().unwrap_or_else(|| RestoreOutcome {
+            cache: None,
+            explanation: Explanation::cold(job.prompt.len(), None),
+            restore_s: 0.0,
+        });
         let mut cache = restore.cache.unwrap_or_else(|| {
             self.tier
                 .factory()
@@ -73,10 +78,7 @@ impl Worker {
                 .as_ref()
                 .map(|r| (r.id.as_str().to_owned(), r.source.as_str()));
             summary.cache = Some(CacheSummary {
-                mode: restore.mode,
-                source: restore.source,
-                miss_reason: restore.miss_reason,
-                fields: restore.fields,
+                explanation: restore.explanation,
                 restore_s: restore.restore_s,
                 committed,
             });

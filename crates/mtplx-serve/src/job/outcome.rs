@@ -96,10 +96,8 @@ pub struct Summary {
 /// The cache path's account of a job, for the request log and metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheSummary {
-    pub mode: String,
-    pub source: String,
-    pub miss_reason: Option<String>,
-    pub fields: Vec<(&'static str, mtplx_bank::LogValue)>,
+    /// The bank's account of the restore.
+    pub explanation: mtplx_bank::Explanation,
     pub restore_s: f64,
     /// Whether the conversation was committed to the bank afterwards.
     pub committed: bool,

@@ -166,9 +166,9 @@ impl Metrics {
         self.cached_tokens
             .fetch_add(s.cached_tokens as u64, Ordering::Relaxed);
         if let Some(c) = &s.cache {
-            self.restores.add(c.mode.clone(), 1);
-            if let Some(reason) = &c.miss_reason {
-                self.misses.add(reason.clone(), 1);
+            self.restores.add(c.explanation.mode.as_str(), 1);
+            if let Some(reason) = &c.explanation.miss {
+                self.misses.add(reason.name(), 1);
             }
         }
         if let Some(spec) = &s.spec {
@@ -312,10 +312,10 @@ mod tests {
             }),
             session: None,
             cache: Some(crate::job::CacheSummary {
-                mode: "clone".into(),
-                source: "ram".into(),
-                miss_reason: None,
-                fields: Vec::new(),
+                explanation: mtplx_bank::Explanation {
+                    mode: mtplx_bank::RestoreMode::Clone,
+                    ..mtplx_bank::Explanation::cold(10, None)
+                },
                 restore_s: 0.01,
                 committed: true,
             }),

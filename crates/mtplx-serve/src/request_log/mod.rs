@@ -119,12 +119,13 @@ impl Record {
             ..Record::failed(request_id, endpoint, 200, None)
         };
         if let Some(c) = &s.cache {
-            r.cache_source = c.source.clone();
-            r.session_restore_mode = c.mode.clone();
-            r.cache_miss_reason = c.miss_reason.clone();
+            let e = &c.explanation;
+            r.cache_source = e.source().as_str().to_owned();
+            r.session_restore_mode = e.mode.to_string();
+            r.cache_miss_reason = e.miss.as_ref().map(|m| m.name());
             r.restore_s = Some(c.restore_s);
             r.bank_committed = Some(c.committed);
-            for (key, value) in &c.fields {
+            for (key, value) in &e.log_fields() {
                 let num = match value {
                     mtplx_bank::LogValue::Num(n) => Some(*n),
                     mtplx_bank::LogValue::Str(_) => None,
