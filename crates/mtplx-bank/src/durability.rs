@@ -111,7 +111,7 @@ pub struct SpillsDone {
     pub failed: usize,
 }
 
-/// What a flush ([`Bank::flush`]) wrote and what it could not.
+/// What a flush ([`crate::Bank::flush`]) wrote and what it could not.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlushReport {
     /// Resident entries already on the SSD tier when the flush started.

@@ -99,7 +99,7 @@ pub trait KvCache: KvView {
     /// Causal attention of `q` (`[n_q, q_heads, head_dim]`, the newest `n_q` positions of
     /// `layer`) over the layer's rows, written to `out` (same shape).
     ///
-    /// Every layout runs [`attention::attend`], so the result for a query is bit-identical
+    /// Every layout runs [`mtplx_kernels::attention::attend`], so the result for a query is bit-identical
     /// whichever layout holds the rows and however many queries are computed with it.
     fn attend(
         &self,

@@ -1,7 +1,7 @@
 //! Argument checks every layout shares, so all layouts fail the same way on bad input.
 
-use crate::attention::{AttnGeometry, MAX_HEAD_DIM};
 use crate::{KvError, KvShape};
+use mtplx_kernels::attention::{AttnGeometry, MAX_HEAD_DIM};
 
 /// The number of whole rows of `row_len` in `got` values.
 pub(crate) fn check_rows(what: &'static str, got: usize, row_len: usize) -> Result<usize, KvError> {

@@ -4,9 +4,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::attention::{self, RowSource};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
 use crate::{BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece};
+use mtplx_kernels::attention::{self, RowSource};
 
 /// Per-layer contiguous K and V buffers, grown in chunks of positions.
 ///

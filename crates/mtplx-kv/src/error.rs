@@ -32,7 +32,7 @@ pub enum KvError {
         cache: crate::KvShape,
         source_shape: crate::KvShape,
     },
-    #[error("head_dim {0} is larger than the supported maximum of {max}", max = crate::attention::MAX_HEAD_DIM)]
+    #[error("head_dim {0} is larger than the supported maximum of {max}", max = mtplx_kernels::attention::MAX_HEAD_DIM)]
     HeadDimTooLarge(usize),
     #[error("the recurrent snapshot's layer shapes differ from the state's")]
     RecurrentShapeMismatch,

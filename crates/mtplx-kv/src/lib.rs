@@ -12,7 +12,7 @@
 //! | [`Paged`] | fixed blocks from a shared [`BlockPool`] | shares blocks, copy-on-write | many sequences sharing prefixes |
 //! | [`Segmented`] | shared immutable segments + a tail | shares segments, O(segments) | snapshot every turn |
 //!
-//! Every layout runs the one kernel in [`attention`], which reduces keys in blocks aligned
+//! Every layout runs the one kernel in [`mtplx_kernels::attention`], which reduces keys in blocks aligned
 //! to absolute positions: the output for a query is bit-identical whichever layout holds the
 //! rows and however many queries are computed together. [`RecurrentState`] holds the
 //! convolution and SSM state of hybrid models, with the same cheap snapshots.
@@ -51,7 +51,6 @@
 //! assert_eq!(resumed.unique_bytes(), 0);
 //! ```
 
-pub mod attention;
 mod bytes;
 mod cache;
 mod check;
@@ -60,7 +59,6 @@ mod error;
 mod factory;
 mod lend;
 mod paged;
-pub mod pool;
 mod recurrent;
 mod segmented;
 mod shape;

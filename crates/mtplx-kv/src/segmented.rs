@@ -3,11 +3,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::attention::{self, RowSource, ATTN_BLOCK};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
 use crate::{
     BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece, ShareTarget,
 };
+use mtplx_kernels::attention::{self, RowSource, ATTN_BLOCK};
 
 /// The smallest allocation for a new tail, in positions.
 const MIN_TAIL_ROWS: usize = ATTN_BLOCK;

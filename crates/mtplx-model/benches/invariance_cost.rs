@@ -15,7 +15,7 @@
 //!   reduction order depend on the row count).
 //!
 //! Attention (`attention`): the kernel's blocks of 16 keys against blocks of 8, 64 and 256
-//! (`mtplx_kv::attention::non_invariant`: more or fewer running-max merges), per decode step
+//! (`mtplx_kernels::attention::non_invariant`: more or fewer running-max merges), per decode step
 //! and prefill chunk.
 //!
 //! Then composites: `step`, one decode step's products over 30 layers of distinct weights
@@ -41,10 +41,10 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use mtplx_kv::attention::non_invariant::attend_blocks;
-use mtplx_kv::attention::{attend, AttnGeometry, RowSource};
+use mtplx_kernels::attention::non_invariant::attend_blocks;
+use mtplx_kernels::attention::{attend, AttnGeometry, RowSource};
+use mtplx_kernels::non_invariant::{matmul_split_chains, matmul_wide_rows};
 use mtplx_kv::{CacheFactory, KvCache};
-use mtplx_model::kernels::non_invariant::{matmul_split_chains, matmul_wide_rows};
 use mtplx_model::kernels::{Pool, QuantMatrix};
 use mtplx_model::{prefill, LanguageModel, Model, Want, WeightFormat};
 
@@ -95,7 +95,7 @@ fn mat(rows: usize, cols: usize, seed: u32, format: GgmlDType) -> Mat {
         .contiguous()
         .unwrap();
     Mat {
-        ours: QuantMatrix::from_qtensor(&q).unwrap(),
+        ours: mtplx_model::kernels::from_qtensor(&q).unwrap(),
         q8: QMatMul::from_qtensor(q).unwrap(),
         f32t,
         rows,

@@ -50,8 +50,8 @@ struct Contenders {
 }
 
 fn contenders(w: &Tensor, format: QuantFormat) -> Contenders {
-    let q = QTensor::quantize(w, format.ggml()).unwrap();
-    let ours = QuantMatrix::from_qtensor(&q).unwrap();
+    let q = QTensor::quantize(w, mtplx_model::kernels::ggml_dtype(format)).unwrap();
+    let ours = mtplx_model::kernels::from_qtensor(&q).unwrap();
     let bytes = q.storage_size_in_bytes();
     Contenders {
         ours,

@@ -121,7 +121,9 @@ impl ModelConfig {
                 self.num_heads, self.num_kv_heads
             )));
         }
-        if !self.head_dim.is_multiple_of(2) || self.head_dim > mtplx_kv::attention::MAX_HEAD_DIM {
+        if !self.head_dim.is_multiple_of(2)
+            || self.head_dim > mtplx_kernels::attention::MAX_HEAD_DIM
+        {
             return Err(bad(format!("unsupported head_dim {}", self.head_dim)));
         }
         if !(self.rms_norm_eps > 0.0 && self.rope_theta > 0.0) {

@@ -211,7 +211,7 @@ impl Model {
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let embed_raw = take(TensorRole::Embed, 0, &[c.vocab_size, h])?;
         let embed = match (format, &embed_raw) {
-            (WeightFormat::Native, RawWeight::Quant(q)) => match QuantMatrix::from_qtensor(q) {
+            (WeightFormat::Native, RawWeight::Quant(q)) => match crate::kernels::from_qtensor(q) {
                 Ok(m) => Embedding::Table(Arc::new(m)),
                 Err(_) => Embedding::Dense(embed_raw.to_dense()?),
             },

@@ -6,7 +6,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::kernels::{QuantFormat, QuantMatrix, QuantMatrixError};
+use crate::kernels::{self, QuantFormat, QuantMatrix, QuantMatrixError};
 
 /// How a model's projection weights are kept in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -93,7 +93,7 @@ impl Linear {
             return Err(kernel_error(QuantMatrixError::Rank(dims)));
         };
         let kind = match (format, weight) {
-            (WeightFormat::Native, RawWeight::Quant(q)) => match QuantMatrix::from_qtensor(&q) {
+            (WeightFormat::Native, RawWeight::Quant(q)) => match kernels::from_qtensor(&q) {
                 Ok(m) => LinearKind::Kernel(Arc::new(m)),
                 // A type without a kernel: dequantize it once and run it as f32.
                 Err(QuantMatrixError::UnsupportedType(_)) => {

@@ -31,7 +31,7 @@ fn batched(m: &QuantMatrix, pool: &Pool, isa: Isa, x: &[f32], total: usize, n: u
 fn check(format: QuantFormat, rows: usize, cols: usize, total: usize, seed: u64) {
     let mut rng = Rng(seed);
     let bytes = random_gguf(&mut rng, format, rows, cols);
-    let m = QuantMatrix::from_qtensor(&qtensor(format, &bytes, rows, cols)).unwrap();
+    let m = mtplx_model::kernels::from_qtensor(&qtensor(format, &bytes, rows, cols)).unwrap();
     let x = rng.vec(total * cols, -3.0, 3.0);
     let pools: Vec<Pool> = (1..=4).map(Pool::new).collect();
     let alone = batched(&m, &pools[0], Isa::detect(), &x, total, 1);

@@ -17,7 +17,7 @@ fn check(format: QuantFormat, rows: usize, blocks: usize, n: usize, seed: u64, p
     let cols = blocks * format.block_len();
     let bytes = random_gguf(&mut rng, format, rows, cols);
     let q = qtensor(format, &bytes, rows, cols);
-    let m = QuantMatrix::from_qtensor(&q).unwrap();
+    let m = mtplx_model::kernels::from_qtensor(&q).unwrap();
     assert_eq!((m.rows(), m.cols(), m.format()), (rows, cols, format));
     let w = dequantize(&q);
 
@@ -101,7 +101,8 @@ fn dense_f32_matrix_equals_the_quantized_one_bit_for_bit() {
     let mut rng = Rng(7);
     let (rows, cols, n) = (96, 576, 5);
     let bytes = random_gguf(&mut rng, QuantFormat::Q4_1, rows, cols);
-    let q = QuantMatrix::from_qtensor(&qtensor(QuantFormat::Q4_1, &bytes, rows, cols)).unwrap();
+    let q = mtplx_model::kernels::from_qtensor(&qtensor(QuantFormat::Q4_1, &bytes, rows, cols))
+        .unwrap();
     let w = dequantize(&qtensor(QuantFormat::Q4_1, &bytes, rows, cols));
     let dense = QuantMatrix::from_f32(&w, rows, cols).unwrap();
     let x = rng.vec(n * cols, -1.0, 1.0);
@@ -144,7 +145,7 @@ fn bad_inputs_are_errors_not_panics() {
         candle_core::quantized::GgmlDType::Q5_0,
     )
     .unwrap();
-    let r = QuantMatrix::from_qtensor(&q);
+    let r = mtplx_model::kernels::from_qtensor(&q);
     assert!(matches!(r, Err(E::UnsupportedType(_))), "{r:?}");
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use kernels_common::*;
-use mtplx_model::kernels::{Isa, Pool, QuantMatrix};
+use mtplx_model::kernels::{Isa, Pool};
 
 fn model_path() -> PathBuf {
     std::env::var_os("MTPLX_TEST_MODEL")
@@ -39,7 +39,7 @@ fn every_matrix_of_the_default_model_matches_candle_and_the_reference() {
         if q.shape().rank() != 2 {
             continue;
         }
-        let m = QuantMatrix::from_qtensor(&q).unwrap();
+        let m = mtplx_model::kernels::from_qtensor(&q).unwrap();
         let (rows, cols) = (m.rows(), m.cols());
         let w = dequantize(&q);
         let mut row = vec![0f32; cols];

@@ -303,9 +303,8 @@ impl Resolver<'_> {
                     more.push_str("::");
                     more.push_str(s);
                 }
-                if let Some(f) = self.resolve(&abs, &more, depth + 1) {
-                    return Some(f);
-                }
+                // A re-export of something outside the crate is no edge.
+                return self.resolve(&abs, &more, depth + 1);
             }
         }
         self.modules.get(&abs).cloned()

@@ -6,7 +6,7 @@
 //! - no source file is over [`MAX_LINES`] lines;
 //! - every source file starts with a `//!` doc;
 //! - nothing names the standard library's unstable-across-releases hasher;
-//! - no two files of a crate import each other, directly or around a loop ([`cycles`]).
+//! - no two files of a crate import each other, directly or around a loop (`graph.rs`).
 //!
 //! `cargo xtask tidy` prints every violation; the tests below fail on any.
 
@@ -29,7 +29,7 @@ pub const MAX_LINES: usize = 800;
 /// candle only in `mtplx-model`; tokio, hyper, tower and HTTP only in `mtplx-serve`; the
 /// SSD tier's crate only under the bank; `mtplx-kv` knows no model, file or tensor library.
 pub const ALLOWED: &[(&str, &[&str])] = &[
-    ("mtplx-kernels", &["libc"]),
+    ("mtplx-kernels", &["half", "thiserror"]),
     ("mtplx-kv", &["mtplx-kernels", "thiserror"]),
     (
         "mtplx-model",

@@ -14,7 +14,7 @@ use crate::hex::hex;
 use crate::manifest::{self, Manifest};
 use crate::storage::Storage;
 
-/// What [`ColdStore::open`] found and repaired.
+/// What [`crate::ColdStore::open`] found and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OpenReport {
     /// Why the manifest was set aside and the store started empty, if it was.

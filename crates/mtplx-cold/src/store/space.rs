@@ -10,13 +10,13 @@ pub struct Usage {
     pub used_bytes: u64,
 }
 
-/// The store's room on its disk, read now ([`ColdStore::space`]).
+/// The store's room on its disk, read now ([`crate::ColdStore::space`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Space {
     pub usage: Usage,
     /// Bytes free on the file system.
     pub free_bytes: u64,
-    /// The configured cap ([`ColdConfig::cap_bytes`]).
+    /// The configured cap ([`crate::ColdConfig::cap_bytes`]).
     pub configured_cap_bytes: u64,
     /// The cap in force: the configured one or a quarter of the disk the store may use
     /// (free plus its own), whichever is smaller. It falls as the disk fills.

@@ -7,11 +7,11 @@ pub use pool::{BlockPool, PoolStats};
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::attention::{self, RowSource};
 use crate::check::{append_rows, attend_geometry, check_layer, read_range};
 use crate::{
     BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece, ShareTarget,
 };
+use mtplx_kernels::attention::{self, RowSource};
 
 use pool::Block;
 

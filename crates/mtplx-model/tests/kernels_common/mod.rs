@@ -76,7 +76,12 @@ pub fn random_gguf(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usize)
 
 /// The same bytes as a candle `QTensor` of shape `[rows, cols]`.
 pub fn qtensor(format: QuantFormat, bytes: &[u8], rows: usize, cols: usize) -> QTensor {
-    let storage = QStorage::from_data(Cow::Borrowed(bytes), &Device::Cpu, format.ggml()).unwrap();
+    let storage = QStorage::from_data(
+        Cow::Borrowed(bytes),
+        &Device::Cpu,
+        mtplx_model::kernels::ggml_dtype(format),
+    )
+    .unwrap();
     QTensor::new(storage, (rows, cols)).unwrap()
 }
 

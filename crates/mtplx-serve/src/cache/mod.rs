@@ -1,5 +1,5 @@
 //! The cache path in front of the engine: session resolution, admission, restore. Each is
-//! a tower layer over [`Job`](crate::job::Job)s, so a tier can be reused, reordered or
+//! a tower layer over [`Job`]s, so a tier can be reused, reordered or
 //! tested alone; [`Pipeline`] stacks them around the [`Engine`](crate::engine::Engine):
 //!
 //! ```text

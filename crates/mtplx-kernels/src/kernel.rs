@@ -9,9 +9,9 @@
 use std::cell::UnsafeCell;
 use std::ops::Range;
 
-use super::format::TILE;
-use super::layout::{Layout, Sink};
-use super::simd::Simd;
+use crate::format::TILE;
+use crate::layout::{Layout, Sink};
+use crate::simd::Simd;
 
 /// One product `out[n, rows] = x[n, cols] · W[rows, cols]ᵀ` over packed tiles.
 pub(crate) struct Job {

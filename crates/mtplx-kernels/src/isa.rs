@@ -4,14 +4,14 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use super::format::QuantFormat;
-use super::kernel::{run, Job};
-use super::layout::{self, Layout};
+use crate::format::QuantFormat;
+use crate::kernel::{run, Job};
+use crate::layout::{self, Layout};
 #[cfg(target_arch = "aarch64")]
-use super::simd::neon::Neon;
-use super::simd::scalar::Scalar;
+use crate::simd::neon::Neon;
+use crate::simd::scalar::Scalar;
 #[cfg(target_arch = "x86_64")]
-use super::simd::x86::{Avx2, Avx512};
+use crate::simd::x86::{Avx2, Avx512};
 
 /// The instruction set a kernel runs on. All give bit-identical results (fused multiply-add
 /// everywhere); they differ in speed only.

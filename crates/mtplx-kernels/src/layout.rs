@@ -16,8 +16,8 @@
 //! `q * d + m` does; `(q − 8) d` and `(q − 32) d sc` are computed in ggml's order because
 //! `fma(q, d, −8 d)` would give +0 where ggml gives −0.
 
-use super::format::TILE;
-use super::simd::Simd;
+use crate::format::TILE;
+use crate::simd::Simd;
 
 /// One format's tile-block layout.
 pub(crate) trait Layout {

@@ -15,16 +15,16 @@
 use std::cell::UnsafeCell;
 use std::ops::Range;
 
-use super::format::{QuantFormat, TILE};
-use super::isa::Kernel;
-use super::kernel::Job;
-use super::layout::{self, Layout, Sink};
-use super::simd::scalar::Scalar;
+use crate::format::{QuantFormat, TILE};
+use crate::isa::Kernel;
+use crate::kernel::Job;
+use crate::layout::{self, Layout, Sink};
+use crate::pool::Pool;
+use crate::simd::scalar::Scalar;
 #[cfg(target_arch = "x86_64")]
-use super::simd::x86::{Avx2, Avx512};
-use super::simd::Simd;
-use super::QuantMatrix;
-use mtplx_kv::pool::Pool;
+use crate::simd::x86::{Avx2, Avx512};
+use crate::simd::Simd;
+use crate::QuantMatrix;
 
 /// `out[n, rows] = x[n, cols] · Wᵀ` with `chains` (2 or 4) partial chains per output, on
 /// the global pool and the fastest instruction set. Q4_0, Q4_1 and Q8_0 only.
@@ -237,18 +237,29 @@ unsafe fn run<S: Simd, L: Layout, const P: usize>(job: &Job, tiles: Range<usize>
 mod tests {
     use super::*;
 
+    /// `w` in GGUF's Q8_0 blocks: per 32 weights an f16 scale (the largest magnitude over
+    /// 127), then the weights over the scale, rounded, as bytes.
+    fn q8_0(w: &[f32]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for block in w.chunks(32) {
+            let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let d = amax / 127.0;
+            let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+            out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            out.extend(block.iter().map(|x| (x * inv).round() as i8 as u8));
+        }
+        out
+    }
+
     /// The split chains compute the same product up to rounding (and, being another order,
     /// not always the same bits); the wide blocking gives the product's bits.
     #[test]
     fn split_chains_agree_with_the_product_up_to_rounding() {
-        use candle_core::quantized::{GgmlDType, QTensor};
         let (rows, cols) = (40, 96);
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.1)
             .collect();
-        let w = candle_core::Tensor::from_vec(w, (rows, cols), &candle_core::Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-        let q = QuantMatrix::from_qtensor(&q).unwrap();
+        let q = QuantMatrix::from_gguf_bytes(QuantFormat::Q8_0, &q8_0(&w), rows, cols).unwrap();
         for n in [1, 3, 8, 21] {
             let x: Vec<f32> = (0..n * cols)
                 .map(|i| (i * 31 % 97) as f32 / 48.0 - 1.0)

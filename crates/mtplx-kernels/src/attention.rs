@@ -34,6 +34,7 @@ use crate::pool::Pool;
 
 /// Bench-only attention that gives up invariance (see `mtplx-model/benches/invariance_cost.rs`).
 #[doc(hidden)]
+#[cfg(feature = "bench")]
 pub mod non_invariant;
 
 /// Keys are reduced in blocks of this many positions, aligned to absolute positions.

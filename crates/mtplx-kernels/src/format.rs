@@ -1,8 +1,6 @@
 //! The weight formats a [`QuantMatrix`](super::QuantMatrix) holds: their GGUF block geometry
 //! and the byte size of one packed tile-block.
 
-use candle_core::quantized::GgmlDType;
-
 /// Output rows per tile: the lanes of one 16-wide vector, one output row per lane.
 pub const TILE: usize = 16;
 
@@ -38,35 +36,6 @@ impl QuantFormat {
         QuantFormat::Q4K,
         QuantFormat::Q6K,
     ];
-
-    /// The format of a GGUF tensor type, if supported.
-    pub fn from_ggml(dtype: GgmlDType) -> Option<Self> {
-        Some(match dtype {
-            GgmlDType::F32 => QuantFormat::F32,
-            GgmlDType::F16 => QuantFormat::F16,
-            GgmlDType::BF16 => QuantFormat::BF16,
-            GgmlDType::Q4_0 => QuantFormat::Q4_0,
-            GgmlDType::Q4_1 => QuantFormat::Q4_1,
-            GgmlDType::Q8_0 => QuantFormat::Q8_0,
-            GgmlDType::Q4K => QuantFormat::Q4K,
-            GgmlDType::Q6K => QuantFormat::Q6K,
-            _ => return None,
-        })
-    }
-
-    /// The GGUF tensor type.
-    pub fn ggml(self) -> GgmlDType {
-        match self {
-            QuantFormat::F32 => GgmlDType::F32,
-            QuantFormat::F16 => GgmlDType::F16,
-            QuantFormat::BF16 => GgmlDType::BF16,
-            QuantFormat::Q4_0 => GgmlDType::Q4_0,
-            QuantFormat::Q4_1 => GgmlDType::Q4_1,
-            QuantFormat::Q8_0 => GgmlDType::Q8_0,
-            QuantFormat::Q4K => GgmlDType::Q4K,
-            QuantFormat::Q6K => GgmlDType::Q6K,
-        }
-    }
 
     /// Weights per GGUF block (1 for the dense formats).
     pub fn block_len(self) -> usize {

@@ -1,3 +1,13 @@
+//! mtplx-kernels: the CPU kernels every layout and model runs on, on one thread [`Pool`]
+//! (`MTPLX_THREADS`), so matrix products and attention never compete for cores:
+//! - [`attention`]: causal attention over rows any KV layout supplies ([`attention::RowSource`]),
+//!   reduced in blocks aligned to absolute positions, so its bits do not depend on the layout,
+//!   the number of queries computed together or the thread count;
+//! - the matrix kernels ([`QuantMatrix`]), below.
+//!
+//! It knows nothing of models, tensor libraries, files or HTTP.
+//!
+//! # Matrix kernels
 //! CPU matrix kernels over weights kept in their GGUF format: `y = x Wᵀ` for `W` in Q4_0,
 //! Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16 or F32, with `f32` activations.
 //!
@@ -32,18 +42,21 @@
 //! over threads by output tiles on a persistent [`Pool`]. A product allocates nothing once
 //! each thread's buffer has grown to 16 rows.
 
+pub mod attention;
 mod format;
 mod isa;
 mod kernel;
 mod layout;
 mod matrix;
-/// Bench-only kernels that give up batch invariance (see `benches/invariance_cost.rs`).
+/// Bench-only kernels that give up batch invariance (see `benches/invariance_cost.rs` in
+/// `mtplx-model`); compiled only with the `bench` feature.
+#[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod non_invariant;
+pub mod pool;
 mod simd;
 
 pub use format::{QuantFormat, TILE};
 pub use isa::Isa;
 pub use matrix::{QuantMatrix, QuantMatrixError};
-/// The pool lives in `mtplx-kv` so the attention kernel runs on the same threads.
-pub use mtplx_kv::pool::{Pool, DEFAULT_SPIN};
+pub use pool::{Pool, DEFAULT_SPIN};

@@ -2,22 +2,20 @@
 
 use std::fmt;
 
-use candle_core::quantized::QTensor;
-
-use super::format::{QuantFormat, TILE};
-use super::isa::{kernel, Isa, Kernel};
-use super::kernel::Job;
-use super::layout::{self, Layout, Sink};
-use super::simd::scalar::Scalar;
-use mtplx_kv::pool::Pool;
+use crate::format::{QuantFormat, TILE};
+use crate::isa::{kernel, Isa, Kernel};
+use crate::kernel::Job;
+use crate::layout::{self, Layout, Sink};
+use crate::pool::Pool;
+use crate::simd::scalar::Scalar;
 
 /// Why a weight cannot become a [`QuantMatrix`].
 #[derive(Debug, thiserror::Error)]
 pub enum QuantMatrixError {
     #[error(
-        "weight type {0:?} has no kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)"
+        "weight type {0} has no kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)"
     )]
-    UnsupportedType(candle_core::quantized::GgmlDType),
+    UnsupportedType(String),
     #[error("a {format:?} matrix needs columns in whole blocks of {block}, got {cols}")]
     Columns {
         format: QuantFormat,
@@ -36,8 +34,9 @@ pub enum QuantMatrixError {
     Rank(Vec<usize>),
     #[error("cannot concatenate part {part}: {reason}")]
     Concat { part: usize, reason: &'static str },
-    #[error("reading the quantized tensor: {0}")]
-    Backend(#[from] candle_core::Error),
+    /// The weights could not be read from where they were loaded.
+    #[error("reading the weights: {0}")]
+    Source(String),
 }
 
 /// 64-byte aligned storage.
@@ -47,7 +46,7 @@ struct Line([u8; 64]);
 
 /// A weight matrix `W` of shape `[rows, cols]` kept in its file's format, repacked into
 /// tiles of 16 rows so that one vector holds one weight of 16 rows. Computes `y = x Wᵀ`;
-/// the [module docs](crate::kernels) state the layout and the numerics contract.
+/// the [crate docs](crate) state the layout and the numerics contract.
 #[derive(Clone)]
 pub struct QuantMatrix {
     format: QuantFormat,
@@ -138,17 +137,6 @@ impl QuantMatrix {
             tile_stride,
             data,
         })
-    }
-
-    /// From a 2-D GGUF tensor as candle loaded it (`[rows, cols]`).
-    pub fn from_qtensor(q: &QTensor) -> Result<Self, QuantMatrixError> {
-        let format = QuantFormat::from_ggml(q.dtype())
-            .ok_or(QuantMatrixError::UnsupportedType(q.dtype()))?;
-        let dims = q.shape().dims();
-        let &[rows, cols] = dims else {
-            return Err(QuantMatrixError::Rank(dims.to_vec()));
-        };
-        QuantMatrix::from_gguf_bytes(format, &q.data()?, rows, cols)
     }
 
     /// A dense `f32` matrix (row-major `[rows, cols]`), run by the same kernels: the product
