@@ -27,7 +27,9 @@ use mtplx_model::chat::{ChatMessage, Role};
 use mtplx_model::sampling::Sampler;
 use mtplx_model::{Bundle, Generator, LanguageModel};
 
-use crate::train_mtp::{edit_turn, files_under, home, rename_edit, render, snippet, spread};
+use crate::train_mtp::corpus::{
+    edit_turn, files_under, home, rename_edit, render, snippet, spread,
+};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CorpusArgs {
@@ -186,9 +188,9 @@ const DOC_ASKS: &[&str] = &[
 
 /// Held-out and benchmark prompts must not be trained on.
 fn held_out(text: &str) -> bool {
-    crate::train_mtp::EVAL_CHAT
+    crate::train_mtp::corpus::EVAL_CHAT
         .iter()
-        .chain(crate::train_mtp::EVAL_CODE)
+        .chain(crate::train_mtp::corpus::EVAL_CODE)
         .any(|p| text.contains(p))
 }
 
@@ -282,7 +284,7 @@ pub fn run(b: &Bundle, args: &CorpusArgs) -> Result<()> {
             prompts.push(ids);
         }
     };
-    for p in crate::train_mtp::CHAT_PROMPTS {
+    for p in crate::train_mtp::corpus::CHAT_PROMPTS {
         push(&mut prompts, user(p.to_string())?, p);
     }
     for (i, topic) in TOPICS.iter().enumerate() {

@@ -62,8 +62,10 @@ pub enum ModelError {
     Kv(#[from] mtplx_kv::KvError),
     #[error("weight kernel: {0}")]
     Kernel(#[from] crate::kernels::QuantMatrixError),
+    /// The tensor library under the loaders (its own error, as text: the library is this
+    /// crate's business, not its callers').
     #[error("tensor backend: {0}")]
-    Backend(#[from] candle_core::Error),
+    Backend(BackendError),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
     #[error("chat template: {0}")]
@@ -74,6 +76,28 @@ pub enum ModelError {
     /// unsupported model shape, or a cache that does not live on the device.
     #[error("device: {0}")]
     Device(String),
+}
+
+/// An error of the tensor library the loaders use, kept opaque so no caller depends on it.
+#[derive(Debug)]
+pub struct BackendError(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        ModelError::Backend(BackendError(Box::new(e)))
+    }
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

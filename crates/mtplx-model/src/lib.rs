@@ -40,7 +40,7 @@ mod weights;
 
 pub use bundle::{model_id, Bundle, ReuseKey};
 pub use config::{Architecture, ModelConfig, RopeStyle};
-pub use error::{ModelError, Result};
+pub use error::{BackendError, ModelError, Result};
 pub use generate::{generate_greedy, prefill, FinishReason, Generator};
 pub use model::{ForwardOutput, LanguageModel, Model, Want};
 pub use weights::{Linear, RawWeight, WeightFormat};
