@@ -16,7 +16,7 @@ use crate::plan::Plan;
 use crate::shared::{Bank, CommitReport};
 use crate::spill::Cause;
 use crate::stats::{SessionInfo, Stats};
-use crate::store::Store;
+use crate::store::{Departure, Store};
 use crate::sync::lock;
 use crate::{BankConfig, BankError, Commit, SessionId};
 
@@ -84,7 +84,7 @@ impl Bank {
         // SSD tier needs no second write.
         let mut durability = Durability::Unwritten;
         for id in same {
-            if let Some(slot) = store.remove(id, now, false) {
+            if let Some(slot) = store.remove(id, now, Departure::Dropped) {
                 if matches!(slot.durability, Durability::Written) {
                     durability = Durability::Written;
                 }
@@ -267,7 +267,7 @@ impl Bank {
         let now = self.clock.now();
         let ids: Vec<u64> = store.slots.keys().copied().collect();
         ids.iter().for_each(|&id| {
-            store.remove(id, now, false);
+            store.remove(id, now, Departure::Dropped);
         });
         ids.len()
     }
@@ -283,7 +283,7 @@ impl Bank {
             .map(|s| s.entry.id)
             .collect();
         ids.iter().for_each(|&id| {
-            store.remove(id, now, false);
+            store.remove(id, now, Departure::Dropped);
         });
         ids.len()
     }

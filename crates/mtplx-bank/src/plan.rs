@@ -11,6 +11,7 @@ use crate::candidate::{Candidate, CandidateWatch, Handle};
 use crate::convert::{continuation_from_tail, recurrent_from_cold};
 use crate::entry::Entry;
 use crate::explain::{Explanation, MissReason, RefusalReason, Refused, RestoreMode};
+use crate::matching::Point;
 use crate::sink::CacheSink;
 use crate::stats::Stats;
 use crate::{BankError, Continuation};
@@ -89,14 +90,7 @@ impl Plan {
                 let c = Arc::try_unwrap(c)
                     .unwrap_or_else(|_| unreachable!("a plan owns its candidate"));
                 match c.handle {
-                    Handle::Ram(entry) => ram(
-                        entry,
-                        c.point.at,
-                        c.point.continuation,
-                        factory,
-                        shape,
-                        explanation,
-                    ),
+                    Handle::Ram(entry) => ram(entry, c.point, factory, shape, explanation),
                     Handle::Ssd(ref candidate) => {
                         let index = cold
                             .as_deref()
@@ -129,10 +123,10 @@ fn cold_start(factory: &CacheFactory, shape: KvShape, explanation: Explanation) 
     }
 }
 
+/// Restores a RAM entry to `point` (with its continuation when the point says so).
 fn ram(
     entry: Arc<Entry>,
-    point: usize,
-    continuation: bool,
+    point: Point,
     factory: &CacheFactory,
     shape: KvShape,
     explanation: Explanation,
@@ -144,14 +138,17 @@ fn ram(
             stored,
         });
     }
-    let cache = factory.restore(&*entry.kv, point)?;
+    let cache = factory.restore(&*entry.kv, point.at)?;
     let recurrent = entry
         .checkpoints
         .iter()
         .flatten()
-        .find(|cp| cp.position == point)
+        .find(|cp| cp.position == point.at)
         .map(|cp| cp.state.to_state());
-    let continuation = continuation.then(|| entry.continuation.clone()).flatten();
+    let continuation = point
+        .continuation
+        .then(|| entry.continuation.clone())
+        .flatten();
     Ok(Restored {
         cache,
         recurrent,

@@ -14,7 +14,7 @@ use crate::durability::{BankEvent, Durability, SpillFailure, SpillOutcome};
 use crate::durability::{FlushReport, SpillsDone};
 use crate::entry::Entry;
 use crate::shared::{Bank, CommitReport};
-use crate::store::Store;
+use crate::store::{Departure, Store};
 use crate::sync::lock;
 
 /// Why an entry is evicted.
@@ -77,13 +77,13 @@ impl Bank {
                 return false;
             }
             Durability::Failed { failure, .. } => {
-                let slot = store.remove(id, now, true).expect("resident");
+                let slot = store.remove(id, now, Departure::Evicted).expect("resident");
                 lock(&self.stats).entries_lost += 1;
                 self.emit_failure(&slot.entry, failure, SpillOutcome::Dropped);
             }
             // Written, or (without a tier) unwritten: nothing to write.
             Durability::Written | Durability::Unwritten => {
-                store.remove(id, now, true);
+                store.remove(id, now, Departure::Evicted);
             }
         }
         self.left(cause, r);

@@ -11,6 +11,14 @@ use crate::durability::Durability;
 use crate::entry::{Entry, Footprint, Slot};
 use crate::SessionId;
 
+/// Why an entry leaves the resident accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Departure {
+    /// Made room: its session is remembered as evicted (a later turn's miss says so).
+    Evicted,
+    /// Replaced by the same state, or cleared: nothing to remember.
+    Dropped,
+}
 /// Sessions remembered as evicted (for the `evicted` miss) at most.
 const EVICTED_MEMORY: usize = 4096;
 
@@ -78,9 +86,9 @@ impl Store {
         );
     }
 
-    /// Takes a resident entry out of the resident accounting; `evicted` remembers its
+    /// Takes a resident entry out of the resident accounting; an eviction remembers its
     /// session if it was the last one. The caller decides whether the bank still holds it.
-    fn unplace(&mut self, id: u64, now: Duration, evicted: bool) -> Option<Slot> {
+    fn unplace(&mut self, id: u64, now: Duration, why: Departure) -> Option<Slot> {
         let slot = self.slots.remove(&id)?;
         let e = &slot.entry;
         self.total.remove(e);
@@ -89,7 +97,7 @@ impl Store {
             s.entries -= 1;
             if s.entries == 0 {
                 self.sessions.remove(&e.session);
-                if evicted {
+                if why == Departure::Evicted {
                     self.remember_evicted(&e.session.clone(), now);
                 }
             }
@@ -110,8 +118,8 @@ impl Store {
     }
 
     /// Drops a resident entry from the bank (it holds it no more).
-    pub(crate) fn remove(&mut self, id: u64, now: Duration, evicted: bool) -> Option<Slot> {
-        let slot = self.unplace(id, now, evicted)?;
+    pub(crate) fn remove(&mut self, id: u64, now: Duration, why: Departure) -> Option<Slot> {
+        let slot = self.unplace(id, now, why)?;
         self.held.remove(&slot.entry);
         Some(slot)
     }
@@ -119,7 +127,7 @@ impl Store {
     /// Moves a resident entry to the leaving ones until `ticket` says its spill is done:
     /// it leaves the budgets' accounting but stays held.
     pub(crate) fn depart(&mut self, id: u64, now: Duration, ticket: SpillTicket) {
-        if let Some(slot) = self.unplace(id, now, true) {
+        if let Some(slot) = self.unplace(id, now, Departure::Evicted) {
             self.leaving.insert(
                 id,
                 Leaving {

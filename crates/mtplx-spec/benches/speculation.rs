@@ -25,10 +25,10 @@ use mtplx_kv::CacheFactory;
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::mtp::{MtpHead, MtpRunner, Vocab};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, Generator, LanguageModel, Want, WeightFormat};
+use mtplx_model::{Bundle, LanguageModel, Want, WeightFormat};
 use mtplx_spec::{
-    generate, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptLookup, Proposer,
-    SpecDecoder, SpecStats, TrunkRows,
+    drive, Collect, Decode, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptLookup,
+    Proposer, Request, SpecStats, TrunkRows,
 };
 
 /// New tokens per prompt (`MTPLX_SPEC_TOKENS` overrides: adaptive policies learn over longer
@@ -156,15 +156,20 @@ fn bench(c: &mut Criterion) {
                 .restore(&*case.snapshot, case.ids.len() - 1)
                 .unwrap()
         };
+        // The server's own loop (mtplx_spec::drive), never stopping early.
+        let never = |_: u32| false;
         let plain = || {
             for case in &cases {
                 let mut cache = fresh(case);
-                let mut gen =
-                    Generator::new(model, cache.as_mut(), &case.ids, Sampler::greedy(), 512)
-                        .unwrap();
-                for _ in 1..new_tokens() {
-                    gen.step().unwrap();
-                }
+                let r = Request::new(&case.ids, Sampler::greedy(), new_tokens(), &never);
+                drive(
+                    model,
+                    cache.as_mut(),
+                    &r,
+                    Decode::Plain,
+                    &mut Collect::default(),
+                )
+                .unwrap();
             }
         };
         // What `…-learned` carries from one answer to the next.
@@ -173,10 +178,7 @@ fn bench(c: &mut Criterion) {
             let mut total = SpecStats::default();
             for case in &cases {
                 let mut cache = fresh(case);
-                let mut d =
-                    SpecDecoder::new(model, cache.as_mut(), &case.ids, Sampler::greedy(), 512)
-                        .unwrap();
-                let mut proposer: Box<dyn Proposer + '_> = match kind {
+                let proposer: Box<dyn Proposer + '_> = match kind {
                     "mtp" => Box::new(case.observed.fork()),
                     "lookup" => Box::new(PromptLookup::default()),
                     _ => Box::new(LookupThenMtp::new(case.observed.fork())),
@@ -185,7 +187,7 @@ fn bench(c: &mut Criterion) {
                 // `…-cost-by-source`: one cost policy for lookup drafts and one for the head's
                 // (the server's default).
                 // `…-learned`: that policy carried over from the previous answer.
-                let mut policy = if kind.ends_with("-cost") {
+                let policy = if kind.ends_with("-cost") {
                     DepthPolicy::cost(depth)
                 } else if kind.ends_with("-learned") {
                     learned
@@ -196,18 +198,16 @@ fn bench(c: &mut Criterion) {
                 } else {
                     DepthPolicy::fixed(depth)
                 };
-                generate(
-                    &mut d,
-                    proposer.as_mut(),
-                    &mut policy,
-                    new_tokens(),
-                    &|_| false,
-                )
-                .unwrap();
+                let r = Request::new(&case.ids, Sampler::greedy(), new_tokens(), &never);
+                let decode = Decode::Speculative { proposer, policy };
+                let report = drive(model, cache.as_mut(), &r, decode, &mut Collect::default())
+                    .unwrap()
+                    .speculation
+                    .expect("a speculative generation reports its speculation");
                 if kind.ends_with("-learned") {
-                    learned.replace(Some(policy));
+                    learned.replace(Some(report.policy));
                 }
-                total.merge(&d.stats);
+                total.merge(&report.stats);
             }
             total
         };

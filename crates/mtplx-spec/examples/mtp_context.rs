@@ -22,10 +22,10 @@ use mtplx_kv::CacheFactory;
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::mtp::{MtpHead, Vocab};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, Generator, LanguageModel, WeightFormat};
+use mtplx_model::{Bundle, LanguageModel, WeightFormat};
 use mtplx_spec::{
-    generate, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptHidden, Proposer,
-    SpecDecoder, SpecStats,
+    drive, Collect, Decode, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, Proposer,
+    Request, SpecStats,
 };
 
 const DEPTH: usize = 3;
@@ -273,14 +273,21 @@ fn render(b: &Bundle, system: Option<&str>, messages: &[ChatMessage]) -> Vec<u32
 fn answer(b: &Bundle, prompt: &[u32]) -> (Vec<u32>, Vec<u32>) {
     let model = &b.model;
     let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
-    let mut g = Generator::new(model, cache.as_mut(), prompt, Sampler::greedy(), CHUNK).unwrap();
-    for _ in 0..ANSWER_TOKENS {
-        if b.tokenizer.is_stop(g.step().unwrap()) {
-            break;
-        }
-    }
-    let tokens = g.tokens().to_vec();
-    let answer = g.generated().to_vec();
+    let is_stop = |t: u32| b.tokenizer.is_stop(t);
+    let request = Request {
+        chunk: CHUNK,
+        ..Request::new(prompt, Sampler::greedy(), ANSWER_TOKENS, &is_stop)
+    };
+    let tokens = drive(
+        model,
+        cache.as_mut(),
+        &request,
+        Decode::Plain,
+        &mut Collect::default(),
+    )
+    .unwrap()
+    .tokens;
+    let answer = tokens[prompt.len()..].to_vec();
     (answer, tokens[..tokens.len() - 1].to_vec())
 }
 
@@ -318,26 +325,26 @@ fn decode(
     if restored > 0 {
         mtplx_model::prefill(model, &prompt[..restored], cache.as_mut(), CHUNK).unwrap();
     }
-    let mut proposer = proposer(b, head, kind);
-    let mut d = SpecDecoder::with_prompt_hidden(
+    // The driver shows the head every prompt row it computes (an MTP head wants them).
+    let decode = Decode::Speculative {
+        proposer: proposer(b, head, kind),
+        policy: DepthPolicy::fixed(DEPTH),
+    };
+    let is_stop = |t: u32| b.tokenizer.is_stop(t);
+    let request = Request {
+        chunk: CHUNK,
+        ..Request::new(prompt, Sampler::greedy(), new_tokens, &is_stop)
+    };
+    let report = drive(
         model,
         cache.as_mut(),
-        prompt,
-        Sampler::greedy(),
-        CHUNK,
-        PromptHidden::All,
+        &request,
+        decode,
+        &mut Collect::default(),
     )
     .unwrap();
-    let is_stop = |t: u32| b.tokenizer.is_stop(t);
-    generate(
-        &mut d,
-        proposer.as_mut(),
-        &mut DepthPolicy::fixed(DEPTH),
-        new_tokens,
-        &is_stop,
-    )
-    .unwrap();
-    (d.generated().to_vec(), d.stats.clone())
+    let stats = report.speculation.expect("speculative").stats;
+    (report.tokens[prompt.len()..].to_vec(), stats)
 }
 
 fn line(label: &str, s: &SpecStats) -> String {

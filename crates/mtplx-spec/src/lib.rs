@@ -4,7 +4,9 @@
 //! own MTP head fed with its hidden states); [`SpecDecoder`] runs the newest token and the
 //! draft through the model in one forward pass (k + 1 rows), keeps the longest acceptable prefix plus one token of the
 //! model's own, and trims the KV cache back to what was kept. A [`DepthPolicy`] decides how
-//! far to draft.
+//! far to draft. [`drive`] is the one generation loop (chunked, cancellable prefill feeding
+//! the proposer; plain or speculative steps; stops; timing) the server, the examples and
+//! the benches run.
 //!
 //! This crate must not know HTTP, sessions, the bank or the SSD tier.
 //!
@@ -20,6 +22,7 @@
 
 mod decoder;
 mod draft_model;
+mod driver;
 mod error;
 mod lookup;
 mod mtp;
@@ -29,6 +32,7 @@ mod stats;
 
 pub use decoder::{generate, PromptHidden, SpecDecoder, StepOutcome};
 pub use draft_model::{DraftModel, DraftSampling};
+pub use driver::{drive, Collect, Decode, End, Observer, Report, Request, SpecReport};
 pub use error::{Result, SpecError};
 pub use lookup::PromptLookup;
 pub use mtp::{LookupThenMtp, MtpProposer};

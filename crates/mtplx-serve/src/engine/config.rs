@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::decode::Speculation;
+use super::speculation::Speculation;
 
 /// Engine settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

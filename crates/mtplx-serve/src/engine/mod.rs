@@ -4,8 +4,9 @@
 //! one prefill chunk).
 
 mod config;
-mod decode;
 mod error;
+mod speculation;
+mod text;
 mod worker;
 
 use std::panic::AssertUnwindSafe;
@@ -20,8 +21,8 @@ pub use crate::job::{
     Summary,
 };
 pub use config::{EngineConfig, StopSignal};
-pub use decode::{PolicyKind, Speculation};
 pub use error::EngineError;
+pub use speculation::{PolicyKind, Speculation};
 
 use crate::cache::CacheTier;
 use crate::error::ApiError;

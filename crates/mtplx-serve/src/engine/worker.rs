@@ -1,20 +1,19 @@
-//! The model owner: runs one job at a time on its own thread.
+//! The model owner: runs one job at a time on its own thread: restore → drive → commit →
+//! log.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use mtplx_bank::{Commit, Explanation};
 use mtplx_kv::KvCache;
 use mtplx_model::mtp::MtpHead;
-use mtplx_model::stop::StopMatcher;
-use mtplx_model::{Bundle, LanguageModel, Want};
-use mtplx_spec::TrunkRows;
+use mtplx_model::{Bundle, LanguageModel};
+use mtplx_spec::{drive, End, Request};
 use tokio::sync::mpsc;
 
 use super::config::{EngineConfig, StopSignal};
-use super::decode::{self, Decoding};
 use super::error::EngineError;
+use super::speculation;
+use super::text::TextOut;
 use crate::cache::CacheTier;
 use crate::job::{
     prompt_hash, CacheSummary, Event, Finish, GenerationMode, Job, RestoreOutcome, SpecSummary,
@@ -169,180 +168,52 @@ impl Worker {
             ..
         } = self;
         let (model, tokenizer) = (&bundle.model, &bundle.tokenizer);
-        let prompt = &job.prompt;
-        let chunk = config.prefill_chunk_tokens.max(1);
-        let mut summary = Summary {
-            finish: Finish::Cancelled,
-            prompt_tokens: prompt.len(),
-            cached_tokens: 0,
-            new_prefill_tokens: 0,
-            completion_tokens: 0,
-            ttft_s: None,
-            prefill_s: 0.0,
-            decode_s: 0.0,
-            prompt_hash: prompt_hash(prompt),
-            mode: GenerationMode::Ar,
-            spec: None,
+        let is_stop = |t: u32| !job.ignore_eos && tokenizer.is_stop(t);
+        let request = Request {
+            prompt: &job.prompt,
+            sampler: job.sampler.clone(),
+            max_tokens: job.max_tokens,
+            context_window: config.context_window,
+            chunk: config.prefill_chunk_tokens.max(1),
+            is_stop: &is_stop,
+        };
+        let decode = speculation::decode(model, mtp_head.as_ref(), job.mode, &config.speculation);
+        let mut text = TextOut::new(tokenizer.stream_decoder(true), &job.stop, tx, stop, metrics);
+        let report = drive(model, cache, &request, decode, &mut text)?;
+        *tokens = report.tokens.clone();
+        let finish = match report.end {
+            End::Cancelled => Finish::Cancelled,
+            End::Observer => match text.take_ended() {
+                Some(ended) => ended?,
+                None => Finish::Cancelled,
+            },
+            End::StopToken => text.finish(Finish::StopToken),
+            End::Length => text.finish(Finish::Length),
+            End::ContextFull => text.finish(Finish::ContextFull),
+        };
+        Ok(Summary {
+            finish,
+            prompt_tokens: job.prompt.len(),
+            cached_tokens: report.cached_tokens,
+            new_prefill_tokens: report.new_prefill_tokens,
+            completion_tokens: report.completion_tokens,
+            ttft_s: report
+                .first_token_at
+                .map(|t| t.duration_since(job.received).as_secs_f64()),
+            prefill_s: report.prefill_s,
+            decode_s: report.decode_s(),
+            prompt_hash: prompt_hash(&job.prompt),
+            mode: if report.speculation.is_some() {
+                GenerationMode::Mtp
+            } else {
+                GenerationMode::Ar
+            },
+            spec: report.speculation.map(|s| SpecSummary {
+                proposer: s.proposer,
+                stats: s.stats,
+            }),
             session: None,
             cache: None,
-        };
-
-        // The restored prefix (always short of the whole prompt: the last token is run to
-        // get logits).
-        let reused = cache.len().min(prompt.len() - 1);
-        cache.truncate(reused);
-        summary.cached_tokens = reused;
-        *tokens = prompt.clone();
-
-        // Prefill the rest but the last prompt token chunk by chunk, so a client that
-        // leaves during a long prefill stops it within one chunk.
-        let prefill_start = Instant::now();
-        let mut proposer =
-            decode::proposer(model, mtp_head.as_ref(), job.mode, &config.speculation);
-        // An MTP head drafts from the trunk's hidden rows: it sees the prompt's as they are
-        // computed (the restored prefix has none; the head's context starts after it).
-        let hidden = proposer.as_ref().is_some_and(|p| p.wants_hidden());
-        let want = if hidden { Want::Hidden } else { Want::Nothing };
-        let mut pos = reused;
-        for piece in prompt[reused..prompt.len() - 1].chunks(chunk) {
-            if tx.is_closed() || stop.is_stopped() {
-                summary.prefill_s = prefill_start.elapsed().as_secs_f64();
-                return Ok(summary);
-            }
-            let out = model.forward(piece, cache, want)?;
-            if let Some(p) = proposer.as_mut().filter(|_| hidden) {
-                p.observe(&TrunkRows {
-                    pos,
-                    hidden: &out.hidden,
-                    next: &prompt[pos + 1..pos + 1 + piece.len()],
-                })?;
-            }
-            pos += piece.len();
-            summary.new_prefill_tokens += piece.len();
-        }
-        let mut gen = Decoding::start(
-            model,
-            cache,
-            prompt,
-            job.sampler.clone(),
-            chunk,
-            proposer,
-            &config.speculation,
-        )?;
-        summary.new_prefill_tokens += 1;
-        if !matches!(gen, Decoding::Plain(_)) {
-            summary.mode = GenerationMode::Mtp;
-        }
-        summary.prefill_s = prefill_start.elapsed().as_secs_f64();
-
-        let mut decoder = tokenizer.stream_decoder(true);
-        let mut stops = StopMatcher::new(job.stop.iter().cloned());
-        // What was fed to the stop matcher and what it let through, to name the stop
-        // string that ended the text.
-        let (mut fed, mut emitted) = (String::new(), String::new());
-        let mut first_token_at = None;
-        let send = |text: String, emitted: &mut String| -> bool {
-            if text.is_empty() {
-                return true;
-            }
-            emitted.push_str(&text);
-            tx.blocking_send(Event::Text(text)).is_ok()
-        };
-        let is_stop = |t: u32| !job.ignore_eos && tokenizer.is_stop(t);
-        let finish = 'outer: loop {
-            if summary.completion_tokens >= job.max_tokens {
-                break Finish::Length;
-            }
-            let room = config
-                .context_window
-                .saturating_sub(prompt.len() + summary.completion_tokens);
-            if room == 0 || !gen.has_room() {
-                break Finish::ContextFull;
-            }
-            if tx.is_closed() || stop.is_stopped() {
-                break Finish::Cancelled;
-            }
-            let tokens = gen.next(
-                (job.max_tokens - summary.completion_tokens).min(room),
-                &is_stop,
-            )?;
-            if tokens.is_empty() {
-                break Finish::ContextFull;
-            }
-            metrics.decode_steps.fetch_add(1, Ordering::Relaxed);
-            for token in tokens {
-                summary.completion_tokens += 1;
-                let now = Instant::now();
-                if first_token_at.is_none() {
-                    first_token_at = Some(now);
-                    summary.ttft_s = Some(now.duration_since(job.received).as_secs_f64());
-                }
-                summary.decode_s = now
-                    .duration_since(first_token_at.expect("set above"))
-                    .as_secs_f64();
-                if is_stop(token) {
-                    break 'outer Finish::StopToken;
-                }
-                if let Some(piece) = decoder.push(token)? {
-                    fed.push_str(&piece);
-                    let out = stops.push(&piece);
-                    if !send(out, &mut emitted) {
-                        break 'outer Finish::Cancelled;
-                    }
-                    if stops.stopped() {
-                        break 'outer Finish::StopSequence(matched_stop(&job.stop, &fed, &emitted));
-                    }
-                }
-            }
-        };
-        summary.spec = gen.stats().map(|(proposer, stats)| SpecSummary {
-            proposer,
-            stats: stats.clone(),
-        });
-        tokens.clear();
-        tokens.extend_from_slice(gen.tokens());
-        summary.finish = match finish {
-            Finish::Cancelled | Finish::StopSequence(_) => finish,
-            _ => {
-                let tail = decoder.finish();
-                fed.push_str(&tail);
-                let mut out = stops.push(&tail);
-                if stops.stopped() {
-                    send(out, &mut emitted);
-                    Finish::StopSequence(matched_stop(&job.stop, &fed, &emitted))
-                } else {
-                    out.push_str(&stops.finish());
-                    if send(out, &mut emitted) {
-                        finish
-                    } else {
-                        Finish::Cancelled
-                    }
-                }
-            }
-        };
-        Ok(summary)
-    }
-}
-
-/// The stop string that starts where the emitted text ends.
-fn matched_stop(stops: &[String], fed: &str, emitted: &str) -> String {
-    let rest = fed.get(emitted.len()..).unwrap_or_default();
-    stops
-        .iter()
-        .filter(|s| !s.is_empty())
-        .find(|s| rest.starts_with(s.as_str()))
-        .cloned()
-        .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_the_stop_string_that_cut_the_text() {
-        let stops = ["END".to_string(), "\n\n".to_string()];
-        assert_eq!(matched_stop(&stops, "abc\n\nxEND", "abc"), "\n\n");
-        assert_eq!(matched_stop(&stops, "abENDc", "ab"), "END");
+        })
     }
 }

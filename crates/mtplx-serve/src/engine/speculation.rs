@@ -1,0 +1,92 @@
+//! How the engine speculates ([`Speculation`], set at start) and what that makes of one
+//! job's decoding ([`decode`]): plain, or drafts verified by the model. Speculation only
+//! changes how many tokens arrive per model step, never which (mtplx-spec verifies every
+//! draft against the model).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mtplx_kv::CacheFactory;
+use mtplx_model::mtp::MtpHead;
+use mtplx_model::LanguageModel;
+use mtplx_spec::{
+    Decode, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptLookup, Proposer,
+};
+
+use crate::job::GenerationMode;
+
+/// How the engine speculates when a request asks for `generation_mode: "mtp"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Speculation {
+    /// Most draft tokens per verify step; 0 turns speculation off for every request.
+    pub depth: usize,
+    pub policy: PolicyKind,
+    /// The MTP head drafting for the model (`--mtp-head`): with one, requests draft by
+    /// prompt lookup when the context repeats itself and by the head otherwise; without,
+    /// by prompt lookup alone.
+    pub head: Option<PathBuf>,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation {
+            depth: 3,
+            policy: PolicyKind::None,
+            head: None,
+        }
+    }
+}
+
+/// How one generation decodes: plainly when it asks for `ar` or speculation is off, else
+/// with the proposer the engine has (prompt lookup, then the MTP head if there is one).
+pub(super) fn decode<'a>(
+    model: &'a dyn LanguageModel,
+    head: Option<&Arc<MtpHead>>,
+    mode: GenerationMode,
+    spec: &Speculation,
+) -> Decode<'a> {
+    if mode == GenerationMode::Ar || spec.depth == 0 {
+        return Decode::Plain;
+    }
+    let proposer: Box<dyn Proposer + 'a> = match head {
+        // Greedy drafts: at any temperature the model's own token is drawn as plain
+        // decoding would draw it, so a seeded request gives the same tokens either way.
+        Some(head) => Box::new(LookupThenMtp::new(MtpProposer::new(
+            model,
+            head.clone(),
+            &CacheFactory::contiguous(),
+            DraftSampling::Greedy,
+        ))),
+        None => Box::new(PromptLookup::default()),
+    };
+    Decode::Speculative {
+        proposer,
+        policy: spec.policy.build(spec.depth),
+    }
+}
+
+/// The adaptive depth policy (`--adaptive-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PolicyKind {
+    /// Always draft `depth` tokens.
+    #[default]
+    None,
+    Streak,
+    ExpectedValue,
+    Cost,
+}
+
+impl PolicyKind {
+    fn build(self, depth: usize) -> DepthPolicy {
+        match self {
+            PolicyKind::None => DepthPolicy::fixed(depth),
+            // Adaptive policies learn per draft source: prompt lookup's copies and the MTP
+            // head's guesses differ in acceptance and in cost.
+            PolicyKind::Streak => DepthPolicy::by_source(DepthPolicy::Streak { depth, max: depth }),
+            PolicyKind::ExpectedValue => DepthPolicy::by_source(DepthPolicy::ExpectedValue(
+                mtplx_spec::Acceptance::with_priors(depth),
+            )),
+            PolicyKind::Cost => DepthPolicy::by_source(DepthPolicy::cost(depth)),
+        }
+    }
+}
