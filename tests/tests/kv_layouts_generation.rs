@@ -3,6 +3,7 @@
 //! prefill, a snapshot restored in the same layout, a fork, or a conversion from another
 //! layout.
 
+use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 
 use mtplx_kv::{CacheFactory, KvCache};
@@ -78,7 +79,7 @@ fn greedy_bits(model: &Model, cache: &mut dyn KvCache, prompt: &[u32]) -> Trace 
 #[test]
 fn greedy_generation_is_identical_in_every_layout() -> anyhow::Result<()> {
     let bundle = Bundle::load(&model_path(), WeightFormat::F32)?;
-    let prompt = bundle.tokenizer.encode(PROMPT, false)?;
+    let prompt = bundle.tokenizer.encode(PROMPT, Special::AsText)?;
     let shape = bundle.model.config().kv_shape();
     let mut runs = Vec::new();
     for (name, factory) in layouts() {
@@ -98,7 +99,7 @@ fn greedy_generation_is_identical_in_every_layout() -> anyhow::Result<()> {
 fn logits_are_bit_identical_across_layouts_and_prefix_paths() -> anyhow::Result<()> {
     let bundle = Bundle::load(&model_path(), WeightFormat::F32)?;
     let model = &bundle.model;
-    let prompt = bundle.tokenizer.encode(PROMPT, false)?;
+    let prompt = bundle.tokenizer.encode(PROMPT, Special::AsText)?;
     let split = (prompt.len() / 2) / CHUNK * CHUNK;
     assert!(
         split >= CHUNK && prompt.len() > split,

@@ -2,6 +2,7 @@
 
 mod serve_support;
 
+use mtplx_model::tokenizer::Special;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -57,7 +58,7 @@ async fn dropping_a_stream_stops_the_engine_within_a_step() {
     let prompt = state
         .bundle()
         .tokenizer
-        .encode("Write a long story about a dragon.", false)
+        .encode("Write a long story about a dragon.", Special::AsText)
         .unwrap()
         .len();
     assert!(

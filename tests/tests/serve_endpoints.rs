@@ -2,6 +2,7 @@
 
 mod serve_support;
 
+use mtplx_model::tokenizer::Special;
 use serde_json::json;
 use serve_support::{call, get, greedy_chat, post_json, state};
 
@@ -33,7 +34,7 @@ async fn completions_continue_a_raw_prompt_streamed_or_not() {
     let ids = state
         .bundle()
         .tokenizer
-        .encode("The capital of France is", true)
+        .encode("The capital of France is", Special::Parse)
         .unwrap();
     let by_ids = json!({"prompt": ids, "temperature": 0, "max_tokens": 6});
     let v = call(&state, post_json("/v1/completions", &by_ids))

@@ -20,6 +20,7 @@
 //! The held-out prompts (`train_mtp::EVAL_CHAT`, `EVAL_CODE`, and the speculation bench's)
 //! are left out.
 
+use mtplx_model::tokenizer::Special;
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
@@ -327,14 +328,14 @@ pub fn run(b: &Bundle, args: &CorpusArgs) -> Result<()> {
     let n_edit = texts.len();
     let half = args.plain_texts / 2;
     for piece in src.doc_pieces(half, 80, 13) {
-        let mut ids = b.tokenizer.encode(&piece, false)?;
+        let mut ids = b.tokenizer.encode(&piece, Special::AsText)?;
         ids.truncate(MAX_TEXT);
         if ids.len() >= 64 {
             texts.push(ids);
         }
     }
     for (code, _) in src.code(args.plain_texts - half, 80, 11) {
-        let mut ids = b.tokenizer.encode(&code, false)?;
+        let mut ids = b.tokenizer.encode(&code, Special::AsText)?;
         ids.truncate(MAX_TEXT);
         if ids.len() >= 64 {
             texts.push(ids);

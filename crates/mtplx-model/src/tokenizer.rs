@@ -24,6 +24,23 @@ pub use stream::StreamDecoder;
 use parts::{HfTokenizer, Parts};
 use pieces::TokenPieces;
 
+/// How [`Tokenizer::encode`] reads text that spells a special token (`<|im_start|>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Special {
+    /// As the special token's id (a rendered chat template).
+    Parse,
+    /// As plain text (a user's message, a file).
+    AsText,
+}
+
+/// What [`Tokenizer::decode`] and [`Tokenizer::stream_decoder`] do with special tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialText {
+    /// Leave them out (what a client is shown).
+    Skip,
+    /// Write their text.
+    Keep,
+}
 /// Texts of the tokens that end a chat turn; any of them that is a special token of the
 /// vocabulary stops generation (llama.cpp's end-of-generation list).
 const END_OF_TURN: &[&str] = &[
@@ -127,15 +144,15 @@ impl Tokenizer {
         }
     }
 
-    /// The ids of `text`. With `allow_special`, special tokens written in the text (such as
-    /// `<|im_start|>`) become their ids; without, they are tokenized as plain text. Never
+    /// The ids of `text`. With [`Special::Parse`], special tokens written in the text (such
+    /// as `<|im_start|>`) become their ids; with [`Special::AsText`], they are tokenized as
+    /// plain text. Never
     /// adds BOS: the chat template writes it, or the caller prepends [`bos_id`](Self::bos_id)
     /// when [`add_bos_token`](Self::add_bos_token) says so.
-    pub fn encode(&self, text: &str, allow_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let tokenizer = if allow_special {
-            &self.split
-        } else {
-            &self.literal
+    pub fn encode(&self, text: &str, special: Special) -> Result<Vec<u32>, TokenizerError> {
+        let tokenizer = match special {
+            Special::Parse => &self.split,
+            Special::AsText => &self.literal,
         };
         let encoding = tokenizer
             .encode_fast(text, false)
@@ -143,15 +160,15 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
-    /// The text of `ids`, special tokens left out when `skip_special`. Bytes that do not
-    /// form UTF-8 become U+FFFD.
-    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        self.pieces.decode(ids, skip_special)
+    /// The text of `ids`, special tokens left out or written as [`SpecialText`] says. Bytes
+    /// that do not form UTF-8 become U+FFFD.
+    pub fn decode(&self, ids: &[u32], special: SpecialText) -> Result<String, TokenizerError> {
+        self.pieces.decode(ids, special)
     }
 
     /// A decoder for ids arriving one at a time; see [`StreamDecoder`].
-    pub fn stream_decoder(&self, skip_special: bool) -> StreamDecoder {
-        StreamDecoder::new(self.pieces.clone(), skip_special)
+    pub fn stream_decoder(&self, special: SpecialText) -> StreamDecoder {
+        StreamDecoder::new(self.pieces.clone(), special)
     }
 
     /// Number of ids, added tokens included (one past the largest id).

@@ -1,6 +1,7 @@
 //! Chat templates render conversations the way `transformers` does: SmolLM2's own
 //! template from its GGUF, Qwen-style tool templates, and typed errors for broken ones.
 
+use mtplx_model::tokenizer::Special;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -71,7 +72,7 @@ fn smollm2_template_renders_chatml() -> Result<()> {
          <|im_start|>assistant\n"
     );
     // The markup becomes control tokens once special tokens are allowed.
-    let ids = tok.encode(&prompt, true)?;
+    let ids = tok.encode(&prompt, Special::Parse)?;
     assert_eq!(ids.first(), Some(&1));
     assert_eq!(ids.iter().filter(|&&id| id == 2).count(), 4);
     Ok(())

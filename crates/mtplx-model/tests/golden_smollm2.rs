@@ -3,6 +3,7 @@
 //! continuations token for token, and first-step logits, on the exact f32 path; the native
 //! (kernel) path against the f32 path.
 
+use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 
 use mtplx_kv::CacheFactory;
@@ -85,7 +86,7 @@ fn f32_path_matches_the_reference_token_for_token() {
             let rendered = b.template.as_ref().unwrap().render(&req).unwrap();
             assert_eq!(rendered, case.prompt, "{}: template", case.name);
         }
-        let ids = b.tokenizer.encode(&case.prompt, true).unwrap();
+        let ids = b.tokenizer.encode(&case.prompt, Special::Parse).unwrap();
         assert_eq!(ids, case.prompt_ids, "{}: tokens", case.name);
 
         // Vary the prefill chunk between cases: chunking must not change the tokens.

@@ -2,6 +2,7 @@
 //! (`tests/fixtures/tokenizer/smollm2.json`), and the `tokenizers` crate's decoding for the
 //! tiny Hugging Face fixtures (`tests/fixtures/tiny/<arch>/`).
 
+use mtplx_model::tokenizer::{Special, SpecialText};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -90,7 +91,7 @@ fn all_cases(check: impl Fn(&Case) -> Result<Option<String>>) -> Result<()> {
 fn encodes_like_llama_cpp_with_special_tokens_parsed() -> Result<()> {
     let tok = smollm2();
     all_cases(|case| {
-        let ids = tok.encode(&case.text, true)?;
+        let ids = tok.encode(&case.text, Special::Parse)?;
         Ok((ids != case.ids).then(|| format!("got {ids:?}, llama.cpp {:?}", case.ids)))
     })
 }
@@ -100,7 +101,7 @@ fn encodes_like_llama_cpp_with_special_tokens_as_text() -> Result<()> {
     let tok = smollm2();
     all_cases(|case| {
         let want = case.ids_special_as_text.as_ref().unwrap_or(&case.ids);
-        let ids = tok.encode(&case.text, false)?;
+        let ids = tok.encode(&case.text, Special::AsText)?;
         Ok((&ids != want).then(|| format!("got {ids:?}, llama.cpp {want:?}")))
     })
 }
@@ -109,7 +110,7 @@ fn encodes_like_llama_cpp_with_special_tokens_as_text() -> Result<()> {
 fn decodes_like_llama_cpp() -> Result<()> {
     let tok = smollm2();
     all_cases(|case| {
-        let text = tok.decode(&case.ids, false)?;
+        let text = tok.decode(&case.ids, SpecialText::Keep)?;
         Ok((text != case.decoded).then(|| format!("got {text:?}, llama.cpp {:?}", case.decoded)))
     })
 }
@@ -118,7 +119,7 @@ fn decodes_like_llama_cpp() -> Result<()> {
 fn streamed_text_equals_decoded_text_on_every_case() -> Result<()> {
     let tok = smollm2();
     all_cases(|case| {
-        let mut stream = tok.stream_decoder(false);
+        let mut stream = tok.stream_decoder(SpecialText::Keep);
         let mut text = String::new();
         for &id in &case.ids {
             text.extend(stream.push(id)?);
@@ -141,7 +142,7 @@ fn special_ids_and_template_come_from_metadata() -> Result<()> {
     // <|endoftext|> and <|im_end|> end generation; <|im_start|> does not.
     assert_eq!(tok.stop_ids(), [0, 2]);
     assert!(tok.is_special(1) && !tok.is_special(17));
-    assert_eq!(tok.decode(&[1, 28120, 2], true)?, "hello");
+    assert_eq!(tok.decode(&[1, 28120, 2], SpecialText::Skip)?, "hello");
     let template = tok.chat_template().context("SmolLM2 has a chat template")?;
     assert!(template.contains("<|im_start|>"), "{template}");
     Ok(())
@@ -153,10 +154,10 @@ proptest! {
     #[test]
     fn any_text_round_trips_and_streams(text in "\\PC{0,40}|[ \\n\\t<|>a-z0-9]{0,40}") {
         let tok = smollm2();
-        let ids = tok.encode(&text, false).unwrap();
-        let decoded = tok.decode(&ids, false).unwrap();
+        let ids = tok.encode(&text, Special::AsText).unwrap();
+        let decoded = tok.decode(&ids, SpecialText::Keep).unwrap();
         prop_assert_eq!(&decoded, &text);
-        let mut stream = tok.stream_decoder(false);
+        let mut stream = tok.stream_decoder(SpecialText::Keep);
         let mut streamed = String::new();
         for id in ids {
             streamed.extend(stream.push(id).unwrap());
@@ -171,13 +172,14 @@ proptest! {
         skip_special in any::<bool>(),
     ) {
         let tok = smollm2();
-        let mut stream = tok.stream_decoder(skip_special);
+        let special = if skip_special { SpecialText::Skip } else { SpecialText::Keep };
+        let mut stream = tok.stream_decoder(special);
         let mut streamed = String::new();
         for &id in &ids {
             streamed.extend(stream.push(id).unwrap());
         }
         streamed.push_str(&stream.finish());
-        prop_assert_eq!(streamed, tok.decode(&ids, skip_special).unwrap());
+        prop_assert_eq!(streamed, tok.decode(&ids, special).unwrap());
     }
 }
 
@@ -204,20 +206,24 @@ fn hugging_face_fixtures_load_and_decode_like_tokenizers() -> Result<()> {
         assert!(!tok.add_bos_token(), "{arch}");
         assert_eq!(tok.stop_ids(), [0, 2], "{arch}");
         assert!(tok.chat_template().is_some(), "{arch}");
-        assert_eq!(tok.encode("<|im_start|>", true)?, [1], "{arch}");
-        assert_ne!(tok.encode("<|im_start|>", false)?, [1], "{arch}");
+        assert_eq!(tok.encode("<|im_start|>", Special::Parse)?, [1], "{arch}");
+        assert_ne!(tok.encode("<|im_start|>", Special::AsText)?, [1], "{arch}");
 
         for text in texts {
-            let ids = tok.encode(text, true)?;
+            let ids = tok.encode(text, Special::Parse)?;
             let want = reference
                 .encode(text, false)
                 .map_err(anyhow::Error::msg)?
                 .get_ids()
                 .to_vec();
             assert_eq!(ids, want, "{arch} {text:?}");
-            for skip in [false, true] {
+            for (special, skip) in [(SpecialText::Keep, false), (SpecialText::Skip, true)] {
                 let want = reference.decode(&ids, skip).map_err(anyhow::Error::msg)?;
-                assert_eq!(tok.decode(&ids, skip)?, want, "{arch} {text:?} skip={skip}");
+                assert_eq!(
+                    tok.decode(&ids, special)?,
+                    want,
+                    "{arch} {text:?} skip={skip}"
+                );
             }
         }
     }

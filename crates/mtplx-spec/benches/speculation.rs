@@ -16,6 +16,7 @@
 //! backend's model and device KV caches, and the MTP head there too (`MTPLX_SPEC_HEAD=cpu`
 //! keeps the head on the CPU). Prompt lookup runs on the CPU.
 
+use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,7 +66,9 @@ fn prompt(b: &Bundle, text: &str) -> Vec<u32> {
         .expect("template")
         .render(&req)
         .expect("render");
-    b.tokenizer.encode(&rendered, true).expect("encode")
+    b.tokenizer
+        .encode(&rendered, Special::Parse)
+        .expect("encode")
 }
 
 fn bench(c: &mut Criterion) {

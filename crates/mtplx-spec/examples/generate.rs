@@ -3,6 +3,7 @@
 //! token ids go to stderr):
 //! `cargo run --release -p mtplx-spec --example generate -- MODEL [plain|lookup] "prompt"`.
 
+use mtplx_model::tokenizer::{Special, SpecialText};
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -47,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     let text = b.template.as_ref().expect("chat template").render(&req)?;
-    let ids = b.tokenizer.encode(&text, true)?;
+    let ids = b.tokenizer.encode(&text, Special::Parse)?;
     eprintln!("prompt ids ({}): {ids:?}", ids.len());
     let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
     let decode = if speculate {
@@ -61,7 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let is_stop = |t: u32| b.tokenizer.is_stop(t);
     let request = Request::new(&ids, Sampler::greedy(), 64, &is_stop);
     let mut print = Print {
-        decoder: b.tokenizer.stream_decoder(true),
+        decoder: b.tokenizer.stream_decoder(SpecialText::Skip),
     };
     let report = drive(&b.model, cache.as_mut(), &request, decode, &mut print)?;
     println!("{}", print.decoder.finish());

@@ -15,6 +15,7 @@
 //!
 //! `cargo run --release -p mtplx-spec --example mtp_context [new tokens, default 128]`
 
+use mtplx_model::tokenizer::{Special, SpecialText};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -265,7 +266,7 @@ fn render(b: &Bundle, system: Option<&str>, messages: &[ChatMessage]) -> Vec<u32
         ..Default::default()
     };
     let text = b.template.as_ref().unwrap().render(&req).unwrap();
-    b.tokenizer.encode(&text, true).unwrap()
+    b.tokenizer.encode(&text, Special::Parse).unwrap()
 }
 
 /// The model's greedy answer to `prompt`, and the tokens whose K/V a server would keep
@@ -404,7 +405,7 @@ fn main() {
             messages.push(ChatMessage::text(Role::User, turn.clone()));
             let prompt = render(&b, conv.system, &messages);
             let (ans, kept) = answer(&b, &prompt);
-            let text = b.tokenizer.decode(&ans, true).unwrap();
+            let text = b.tokenizer.decode(&ans, SpecialText::Skip).unwrap();
             messages.push(ChatMessage::text(Role::Assistant, text.trim().to_string()));
             stored = kept;
         }

@@ -6,6 +6,7 @@
 mod common;
 
 use mtplx_model::sampling::Sampler;
+use mtplx_model::tokenizer::Special;
 use mtplx_model::{LanguageModel, Model, WeightFormat};
 use mtplx_spec::{
     generate, DepthPolicy, DraftModel, DraftSampling, PromptLookup, Proposer, SpecDecoder,
@@ -108,7 +109,7 @@ fn default_model_every_proposer_and_depth() {
     let target = default_model();
     let bundle = common::default_bundle();
     let code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(";
-    let prompt = bundle.tokenizer.encode(code, false).unwrap();
+    let prompt = bundle.tokenizer.encode(code, Special::AsText).unwrap();
     // Lookup copies from the code; the model drafting for itself is always accepted.
     check_all(&target, default_model, &[prompt], 12);
     assert_eq!(target.config().vocab_size, 49152);

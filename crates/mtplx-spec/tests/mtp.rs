@@ -5,6 +5,7 @@
 mod common;
 
 use common::stats::{chi_square, critical, exact_pairs, sampling, PROMPT, SAMPLES};
+use mtplx_model::tokenizer::Special;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -284,14 +285,14 @@ fn shipped_head_greedy_equals_plain_decoding_on_the_default_model() {
             ..Default::default()
         };
         let rendered = bundle.template.as_ref().unwrap().render(&req).unwrap();
-        bundle.tokenizer.encode(&rendered, true).unwrap()
+        bundle.tokenizer.encode(&rendered, Special::Parse).unwrap()
     };
     let prompts = [
         chat("Name three colours of the rainbow."),
         chat("Rename `add` to `plus`:\n\n```python\ndef add(a, b):\n    return a + b\n```"),
         bundle
             .tokenizer
-            .encode("fn main() {\n    let x = 1;\n", false)
+            .encode("fn main() {\n    let x = 1;\n", Special::AsText)
             .unwrap(),
     ];
     let factory = CacheFactory::contiguous();

@@ -1,6 +1,7 @@
 //! The training text: the model's own answers to chat prompts, code-editing turns built
 //! from source files the machine has, and documentation; and the held-out prompts.
 
+use mtplx_model::tokenizer::Special;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -176,7 +177,7 @@ pub(crate) fn render(
         ..Default::default()
     };
     let text = b.template.as_ref().context("chat template")?.render(&req)?;
-    Ok(b.tokenizer.encode(&text, true)?)
+    Ok(b.tokenizer.encode(&text, Special::Parse)?)
 }
 
 /// The token sequences the features are computed on.
@@ -245,7 +246,7 @@ pub(super) fn corpus(b: &Bundle, args: &TrainArgs) -> Result<Vec<Vec<u32>>> {
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
         };
-        let mut ids = b.tokenizer.encode(&snippet(&text, 60), false)?;
+        let mut ids = b.tokenizer.encode(&snippet(&text, 60), Special::AsText)?;
         ids.truncate(256);
         if ids.len() >= 32 {
             seqs.push(ids);

@@ -32,7 +32,7 @@ enum TokenType {
     Normal,
     Unknown,
     /// Markup such as `<|im_start|>`: matched in text only when special tokens are allowed,
-    /// left out when decoding with `skip_special`.
+    /// left out when decoding with [`SpecialText::Skip`](super::SpecialText::Skip).
     Control,
     /// Added vocabulary: always matched in text, always decoded.
     UserDefined,
@@ -268,6 +268,7 @@ mod tests {
 
     use super::super::pieces::char_of_byte;
     use super::super::Tokenizer;
+    use super::super::{Special, SpecialText};
     use super::*;
 
     /// A tiny byte-level vocabulary: every byte char, a few merges, two control tokens.
@@ -320,14 +321,14 @@ mod tests {
     #[test]
     fn builds_a_working_tokenizer_from_metadata() {
         let tok = Tokenizer::from_gguf(&tiny("smollm")).unwrap();
-        let ids = tok.encode("hello world", false).unwrap();
+        let ids = tok.encode("hello world", Special::AsText).unwrap();
         assert_eq!(
             ids.iter()
                 .map(|&i| tok.id_to_token(i).unwrap())
                 .collect::<Vec<_>>(),
             ["hello", "Ġw", "o", "r", "l", "d"]
         );
-        assert_eq!(tok.decode(&ids, false).unwrap(), "hello world");
+        assert_eq!(tok.decode(&ids, SpecialText::Keep).unwrap(), "hello world");
         assert_eq!(tok.eos_id(), Some(1));
         assert_eq!(tok.bos_id(), None);
         assert_eq!(tok.chat_template(), Some("{{ x }}"));
@@ -337,20 +338,23 @@ mod tests {
     fn pre_tokenizer_follows_the_pre_key() {
         // smollm isolates digits, so the "12" merge cannot apply; gpt2 keeps the run.
         let tok = Tokenizer::from_gguf(&tiny("smollm")).unwrap();
-        assert_eq!(tok.encode("12", false).unwrap().len(), 2);
+        assert_eq!(tok.encode("12", Special::AsText).unwrap().len(), 2);
         let tok = Tokenizer::from_gguf(&tiny("gpt-2")).unwrap();
-        assert_eq!(tok.encode("12", false).unwrap().len(), 1);
+        assert_eq!(tok.encode("12", Special::AsText).unwrap().len(), 1);
     }
 
     #[test]
     fn control_tokens_parse_only_when_allowed_user_defined_always() {
         let tok = Tokenizer::from_gguf(&tiny("gpt2")).unwrap();
-        assert_eq!(tok.encode("<|im_end|>", true).unwrap(), [1]);
-        assert!(tok.encode("<|im_end|>", false).unwrap().len() > 1);
+        assert_eq!(tok.encode("<|im_end|>", Special::Parse).unwrap(), [1]);
+        assert!(tok.encode("<|im_end|>", Special::AsText).unwrap().len() > 1);
         let tool = tok.token_to_id("<tool>").unwrap();
-        assert_eq!(tok.encode("<tool>", false).unwrap(), [tool]);
-        assert_eq!(tok.decode(&[1, tool], true).unwrap(), "<tool>");
-        assert_eq!(tok.decode(&[1, tool], false).unwrap(), "<|im_end|><tool>");
+        assert_eq!(tok.encode("<tool>", Special::AsText).unwrap(), [tool]);
+        assert_eq!(tok.decode(&[1, tool], SpecialText::Skip).unwrap(), "<tool>");
+        assert_eq!(
+            tok.decode(&[1, tool], SpecialText::Keep).unwrap(),
+            "<|im_end|><tool>"
+        );
     }
 
     #[test]

@@ -223,6 +223,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::tokenizer::SpecialText;
 
     #[test]
     fn decoder_kinds() {
@@ -299,15 +300,21 @@ mod tests {
         let parts = parts(&bytes, None).unwrap();
         let reference = HfTokenizer::from_bytes(&bytes).unwrap();
         for ids in [&[2, 3, 4][..], &[1, 2, 5, 6, 7, 3], &[3, 2], &[8, 2]] {
-            for skip in [false, true] {
+            for (special, skip) in [(SpecialText::Keep, false), (SpecialText::Skip, true)] {
                 assert_eq!(
-                    parts.pieces.decode(ids, skip).unwrap(),
+                    parts.pieces.decode(ids, special).unwrap(),
                     reference.decode(ids, skip).unwrap(),
                     "{ids:?} skip={skip}"
                 );
             }
         }
-        assert_eq!(parts.pieces.decode(&[2, 5, 6, 7], false).unwrap(), "Hello€");
+        assert_eq!(
+            parts
+                .pieces
+                .decode(&[2, 5, 6, 7], SpecialText::Keep)
+                .unwrap(),
+            "Hello€"
+        );
     }
 
     #[test]
@@ -320,7 +327,10 @@ mod tests {
         assert_eq!(parts.bos, Some(1));
         assert!(parts.add_bos);
         // No decoder: each token decodes on its own.
-        assert_eq!(parts.pieces.decode(&[8, 2], false).unwrap(), "a▁Hello");
+        assert_eq!(
+            parts.pieces.decode(&[8, 2], SpecialText::Keep).unwrap(),
+            "a▁Hello"
+        );
 
         let config =
             serde_json::to_vec(&json!({"bos_token": "<s>", "add_bos_token": false})).unwrap();

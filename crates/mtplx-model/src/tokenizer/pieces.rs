@@ -5,6 +5,7 @@
 //! drives [`StreamDecoder`](super::StreamDecoder), so streamed text always equals the text
 //! decoded at once.
 
+use super::SpecialText;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -42,7 +43,7 @@ pub(crate) fn byte_level_bytes(token: &str) -> Vec<u8> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Piece {
     pub bytes: Vec<u8>,
-    /// Left out when decoding with `skip_special`.
+    /// Left out when decoding with [`SpecialText::Skip`].
     pub special: bool,
 }
 
@@ -97,9 +98,9 @@ impl TokenPieces {
         self.strip_leading_spaces
     }
 
-    /// The text of `ids`: their pieces concatenated (special ones left out when
-    /// `skip_special`), leading spaces stripped, read as lossy UTF-8.
-    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+    /// The text of `ids`: their pieces concatenated (special ones left out with
+    /// [`SpecialText::Skip`]), leading spaces stripped, read as lossy UTF-8.
+    pub fn decode(&self, ids: &[u32], special: SpecialText) -> Result<String, TokenizerError> {
         let mut bytes = Vec::new();
         let mut strip = self.strip_leading_spaces;
         for &id in ids {
@@ -107,7 +108,7 @@ impl TokenPieces {
                 id,
                 vocab: self.len(),
             })?;
-            if skip_special && self.is_special(id) {
+            if special == SpecialText::Skip && self.is_special(id) {
                 continue;
             }
             let skip = strip_start(piece, &mut strip);

@@ -1,5 +1,6 @@
 //! Incremental detokenizing for streamed responses.
 
+use super::SpecialText;
 use std::sync::Arc;
 
 use super::pieces::{strip_start, TokenPieces};
@@ -19,7 +20,7 @@ use super::TokenizerError;
 #[derive(Debug, Clone)]
 pub struct StreamDecoder {
     pieces: Arc<TokenPieces>,
-    skip_special: bool,
+    special: SpecialText,
     /// Bytes of an unfinished UTF-8 sequence (at most 3).
     pending: Vec<u8>,
     /// Leading spaces still to drop (SentencePiece vocabularies).
@@ -27,11 +28,11 @@ pub struct StreamDecoder {
 }
 
 impl StreamDecoder {
-    pub(crate) fn new(pieces: Arc<TokenPieces>, skip_special: bool) -> Self {
+    pub(crate) fn new(pieces: Arc<TokenPieces>, special: SpecialText) -> Self {
         let strip = pieces.strip_leading_spaces();
         StreamDecoder {
             pieces,
-            skip_special,
+            special,
             pending: Vec::new(),
             strip,
         }
@@ -44,7 +45,7 @@ impl StreamDecoder {
             id,
             vocab: self.pieces.len(),
         })?;
-        if self.skip_special && self.pieces.is_special(id) {
+        if self.special == SpecialText::Skip && self.pieces.is_special(id) {
             return Ok(None);
         }
         let skip = strip_start(bytes, &mut self.strip);
@@ -120,8 +121,8 @@ mod tests {
         Arc::new(TokenPieces::new(pieces, strip))
     }
 
-    fn stream_all(table: &Arc<TokenPieces>, ids: &[u32], skip_special: bool) -> String {
-        let mut decoder = StreamDecoder::new(table.clone(), skip_special);
+    fn stream_all(table: &Arc<TokenPieces>, ids: &[u32], special: SpecialText) -> String {
+        let mut decoder = StreamDecoder::new(table.clone(), special);
         let mut out = String::new();
         for &id in ids {
             if let Some(piece) = decoder.push(id).unwrap() {
@@ -134,7 +135,7 @@ mod tests {
     #[test]
     fn holds_a_split_char_until_complete() {
         let table = table(0);
-        let mut decoder = StreamDecoder::new(table, false);
+        let mut decoder = StreamDecoder::new(table, SpecialText::Keep);
         let [a, b, c] = [0xE2u32, 0x82, 0xAC]; // "€"
         assert_eq!(decoder.push(a).unwrap(), None);
         assert_eq!(decoder.push(b).unwrap(), None);
@@ -145,7 +146,7 @@ mod tests {
     #[test]
     fn invalid_bytes_become_replacement_chars_where_lossy_puts_them() {
         let table = table(0);
-        let mut decoder = StreamDecoder::new(table, false);
+        let mut decoder = StreamDecoder::new(table, SpecialText::Keep);
         assert_eq!(decoder.push(0xE2).unwrap(), None);
         // 'A' cannot continue the sequence: one U+FFFD for E2, then 'A'.
         assert_eq!(
@@ -160,20 +161,26 @@ mod tests {
     fn special_tokens_are_skipped_only_when_asked() {
         let table = table(0);
         let special = 257;
-        assert_eq!(stream_all(&table, &[special, 104], false), "<|x|>h");
-        assert_eq!(stream_all(&table, &[special, 104], true), "h");
+        assert_eq!(
+            stream_all(&table, &[special, 104], SpecialText::Keep),
+            "<|x|>h"
+        );
+        assert_eq!(stream_all(&table, &[special, 104], SpecialText::Skip), "h");
     }
 
     #[test]
     fn leading_space_is_stripped_once() {
         let table = table(1);
         let space = u32::from(b' ');
-        assert_eq!(stream_all(&table, &[space, space, 104], false), " h");
+        assert_eq!(
+            stream_all(&table, &[space, space, 104], SpecialText::Keep),
+            " h"
+        );
     }
 
     #[test]
     fn unknown_id_is_an_error() {
-        let mut decoder = StreamDecoder::new(table(0), false);
+        let mut decoder = StreamDecoder::new(table(0), SpecialText::Keep);
         assert!(matches!(
             decoder.push(9999),
             Err(TokenizerError::UnknownId { id: 9999, .. })
@@ -188,14 +195,15 @@ mod tests {
             strip in 0usize..2,
         ) {
             let table = table(strip);
-            prop_assert_eq!(stream_all(&table, &ids, skip), table.decode(&ids, skip).unwrap());
+            let special = if skip { SpecialText::Skip } else { SpecialText::Keep };
+            prop_assert_eq!(stream_all(&table, &ids, special), table.decode(&ids, special).unwrap());
         }
 
         #[test]
         fn pieces_are_released_as_soon_as_they_are_complete(s in "\\PC{0,16}") {
             // Feeding a valid string byte by byte leaves nothing for finish().
             let table = table(0);
-            let mut decoder = StreamDecoder::new(table, false);
+            let mut decoder = StreamDecoder::new(table, SpecialText::Keep);
             let mut out = String::new();
             for b in s.bytes() {
                 if let Some(p) = decoder.push(u32::from(b)).unwrap() {

@@ -5,6 +5,7 @@
 //! and results are written the way that prompt describes, so any model can be asked.
 
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
+use mtplx_model::tokenizer::Special;
 use serde_json::{Map, Value};
 
 use super::tools::{CLOSE, OPEN};
@@ -73,7 +74,7 @@ fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     state
         .bundle()
         .tokenizer
-        .encode(text, true)
+        .encode(text, Special::Parse)
         .map_err(|e| ApiError::bad_request(format!("The prompt could not be tokenized: {e}")))
 }
 

@@ -1,6 +1,7 @@
 //! The model owner: runs one job at a time on its own thread: restore → drive → commit →
 //! log.
 
+use mtplx_model::tokenizer::SpecialText;
 use std::sync::Arc;
 
 use mtplx_bank::{Commit, Explanation};
@@ -178,7 +179,13 @@ impl Worker {
             is_stop: &is_stop,
         };
         let decode = speculation::decode(model, mtp_head.as_ref(), job.mode, &config.speculation);
-        let mut text = TextOut::new(tokenizer.stream_decoder(true), &job.stop, tx, stop, metrics);
+        let mut text = TextOut::new(
+            tokenizer.stream_decoder(SpecialText::Skip),
+            &job.stop,
+            tx,
+            stop,
+            metrics,
+        );
         let report = drive(model, cache, &request, decode, &mut text)?;
         *tokens = report.tokens.clone();
         let finish = match report.end {

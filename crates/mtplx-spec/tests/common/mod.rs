@@ -5,6 +5,7 @@
 
 pub mod stats;
 
+use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 
 use mtplx_kv::{CacheFactory, KvCache, KvView};
@@ -90,7 +91,7 @@ pub fn prompts(b: &mtplx_model::Bundle) -> Vec<Vec<u32>> {
     let rendered = b.template.as_ref().unwrap().render(&req).unwrap();
     let code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(";
     vec![
-        b.tokenizer.encode(&rendered, true).unwrap(),
-        b.tokenizer.encode(code, false).unwrap(),
+        b.tokenizer.encode(&rendered, Special::Parse).unwrap(),
+        b.tokenizer.encode(code, Special::AsText).unwrap(),
     ]
 }
