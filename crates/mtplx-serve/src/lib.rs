@@ -18,7 +18,7 @@
 //! use tower::ServiceExt;
 //! use mtplx_serve::{app, AppState, Settings};
 //!
-//! # async fn demo() -> anyhow::Result<()> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let bundle = mtplx_model::Bundle::load("model.gguf".as_ref(), Default::default())?;
 //! let state = AppState::new(Arc::new(bundle), Settings::default())?;
 //! let req = Request::get("/health").body(Full::new(Bytes::new()))?;
