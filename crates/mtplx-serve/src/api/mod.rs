@@ -1,10 +1,12 @@
 //! The HTTP API: wire types and handlers, one module per endpoint family. Everything model
-//! related goes through [`generate`] to the engine.
+//! related goes through [`generate`] to the engine, and comes back through [`drive`], which
+//! each family only renders.
 
 pub mod admin;
 pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub mod drive;
 pub mod extras;
 pub mod generate;
 pub mod models;

@@ -1,36 +1,31 @@
 //! The JSON pieces of a chat completion, whole or streamed: the assistant message (tool
-//! calls parsed out), a forced call's message, one tool call.
+//! calls parsed out), one tool call.
 
 use serde_json::{json, Value};
 
-use crate::api::tools::{parse_all, ParsedCall, ToolChoice};
+use crate::api::drive::{Tools, Turn};
+use crate::api::tools::{ParsedCall, ToolChoice};
 use crate::job::Finish;
 
 /// The assistant message for a generation's whole text, with tool calls parsed out when
 /// the request had tools, and its `finish_reason`.
 pub fn assistant_message(text: String, has_tools: bool, finish: &Finish) -> (Value, &'static str) {
-    let (content, calls) = if has_tools {
-        parse_all(&text)
+    let (content, calls) = Turn::new(Tools::offered(has_tools), ToolChoice::Auto).read(text);
+    let finish = if calls.is_empty() {
+        finish.as_openai()
     } else {
-        (Some(text), Vec::new())
+        "tool_calls"
     };
-    let mut message = json!({ "role": "assistant", "content": content });
-    if calls.is_empty() {
-        return (message, finish.as_openai());
-    }
-    message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
-    (message, "tool_calls")
+    (message(content, &calls), finish)
 }
 
-/// The assistant message of a forced call (`tool_choice` required or named), `None` when
-/// the model did not complete the call's arguments (the text is then parsed as usual).
-pub fn forced_message(choice: &ToolChoice, generated: &str) -> Option<Value> {
-    let call = choice.forced_call(generated)?;
-    Some(json!({
-        "role": "assistant",
-        "content": null,
-        "tool_calls": [tool_call_json(&call)],
-    }))
+/// The assistant message with `content` and, when there are any, `calls`.
+pub fn message(content: Option<String>, calls: &[ParsedCall]) -> Value {
+    let mut message = json!({ "role": "assistant", "content": content });
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
+    }
+    message
 }
 
 /// An OpenAI `tool_calls` entry with a fresh id.
