@@ -100,9 +100,9 @@ impl MessagesRender {
 }
 
 impl MessagesStream {
-    pub fn new(id: String, model: String, prompt_tokens: usize, tools: bool) -> Self {
+    pub fn new(id: String, model: String, prompt_tokens: usize, tools: Tools) -> Self {
         Stream::of(
-            Turn::new(Tools::offered(tools), ToolChoice::Auto),
+            Turn::new(tools, ToolChoice::Auto),
             MessagesRender::new(id, model, prompt_tokens),
         )
     }
@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn tool_calls_stream_as_tool_use_blocks() {
-        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 12, true);
+        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 12, Tools::Offered);
         let mut frames = enc.open();
         frames.extend(enc.text("Checking. <tool_call>{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>".into()));
         frames.extend(enc.done(Summary::for_test(Finish::StopToken, 20)));
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn an_empty_answer_still_has_one_text_block() {
-        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 3, false);
+        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 3, Tools::Absent);
         let mut frames = enc.open();
         frames.extend(enc.done(Summary::for_test(Finish::Length, 1)));
         let events = decode(&frames);

@@ -9,8 +9,8 @@ use crate::job::Finish;
 
 /// The assistant message for a generation's whole text, with tool calls parsed out when
 /// the request had tools, and its `finish_reason`.
-pub fn assistant_message(text: String, has_tools: bool, finish: &Finish) -> (Value, &'static str) {
-    let (content, calls) = Turn::new(Tools::offered(has_tools), ToolChoice::Auto).read(text);
+pub fn assistant_message(text: String, tools: Tools, finish: &Finish) -> (Value, &'static str) {
+    let (content, calls) = Turn::new(tools, ToolChoice::Auto).read(text);
     let finish = if calls.is_empty() {
         finish.as_openai()
     } else {
@@ -44,7 +44,7 @@ mod tests {
     #[test]
     fn tool_calls_are_parsed_only_when_the_request_had_tools() {
         let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
-        let (m, finish) = assistant_message(text.into(), true, &Finish::StopToken);
+        let (m, finish) = assistant_message(text.into(), Tools::Offered, &Finish::StopToken);
         assert_eq!(finish, "tool_calls");
         assert!(m["content"].is_null());
         let call = &m["tool_calls"][0];
@@ -52,7 +52,7 @@ mod tests {
         assert_eq!(call["function"]["name"], "f");
         assert_eq!(call["function"]["arguments"], "{\"a\":1}");
         assert!(call["id"].as_str().unwrap().starts_with("call_"));
-        let (m, finish) = assistant_message(text.into(), false, &Finish::Length);
+        let (m, finish) = assistant_message(text.into(), Tools::Absent, &Finish::Length);
         assert_eq!((m["content"].as_str(), finish), (Some(text), "length"));
         assert!(m.get("tool_calls").is_none());
     }

@@ -49,15 +49,11 @@ impl ChatStream {
     pub fn new(
         id: String,
         model: String,
-        tools: bool,
-        include_usage: bool,
+        tools: Tools,
+        usage: StreamUsage,
         choice: ToolChoice,
     ) -> Self {
-        let usage = StreamUsage::asked(Some(include_usage));
-        Stream::of(
-            Turn::new(Tools::offered(tools), choice),
-            ChatRender::new(id, model, usage),
-        )
+        Stream::of(Turn::new(tools, choice), ChatRender::new(id, model, usage))
     }
 }
 
@@ -133,7 +129,13 @@ mod tests {
 
     #[test]
     fn tool_calls_stream_as_tool_call_deltas() {
-        let mut enc = ChatStream::new("id".into(), "m".into(), true, true, ToolChoice::Auto);
+        let mut enc = ChatStream::new(
+            "id".into(),
+            "m".into(),
+            Tools::Offered,
+            StreamUsage::Included,
+            ToolChoice::Auto,
+        );
         let mut frames = enc.open();
         for piece in [
             "Sure. <tool",
@@ -169,7 +171,13 @@ mod tests {
 
     #[test]
     fn without_tools_the_markup_is_plain_content() {
-        let mut enc = ChatStream::new("id".into(), "m".into(), false, false, ToolChoice::Auto);
+        let mut enc = ChatStream::new(
+            "id".into(),
+            "m".into(),
+            Tools::Absent,
+            StreamUsage::Omitted,
+            ToolChoice::Auto,
+        );
         let frames = enc.text("<tool_call>{}</tool_call>".into());
         assert_eq!(
             decode(&frames)[0]["choices"][0]["delta"]["content"],

@@ -28,9 +28,9 @@ pub struct ResponsesRender {
 pub type ResponsesStream = Stream<ResponsesRender>;
 
 impl ResponsesStream {
-    pub fn new(meta: Meta, tools: bool) -> Self {
+    pub fn new(meta: Meta, tools: Tools) -> Self {
         Stream::of(
-            Turn::new(Tools::offered(tools), ToolChoice::Auto),
+            Turn::new(tools, ToolChoice::Auto),
             ResponsesRender::new(meta),
         )
     }
@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn text_then_a_function_call_become_two_output_items() {
-        let mut enc = ResponsesStream::new(meta(), true);
+        let mut enc = ResponsesStream::new(meta(), Tools::Offered);
         let mut frames = enc.open();
         frames.extend(enc.text("On it.".into()));
         frames.extend(
@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn a_cut_answer_is_incomplete() {
-        let mut enc = ResponsesStream::new(meta(), false);
+        let mut enc = ResponsesStream::new(meta(), Tools::Absent);
         let mut frames = enc.text("abc".into());
         frames.extend(enc.done(Summary::for_test(Finish::Length, 3)));
         let last = decode(&frames).pop().unwrap();
