@@ -1,10 +1,12 @@
-//! Command-line flags, each with an `MTPLX_*` environment equivalent.
+//! Command-line flags, each with an `MTPLX_*` environment equivalent, grouped as `--help`
+//! shows them: limits, speculation, the session bank, the SSD tier.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
+use mtplx_bank::BankConfig;
 use mtplx_model::WeightFormat;
 
 use crate::cache::{SsdMode, TierConfig};
@@ -108,13 +110,22 @@ pub fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Serve a model over OpenAI- and Anthropic-compatible HTTP APIs.
 /// The MTP head trained for the default model (`models/mtp/README.md`).
 pub const SHIPPED_MTP_HEAD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../models/mtp/smollm2-135m-mtp.safetensors"
 );
 
+/// A speculative depth: 1 or more (0 is `--no-mtp`).
+pub fn parse_depth(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("`--depth` takes 1 or more; to turn speculation off, pass --no-mtp".into()),
+        Ok(d) => Ok(d),
+        Err(_) => Err(format!("`{s}` is not a depth (try 1, 3, 5)")),
+    }
+}
+
+/// Serve a model over OpenAI- and Anthropic-compatible HTTP APIs.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "mtplx-serve", version)]
 pub struct Config {
@@ -130,9 +141,6 @@ pub struct Config {
     /// `x-api-key`.
     #[arg(long, env = "MTPLX_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Generation requests in flight at once; more get a 503 with Retry-After.
-    #[arg(long, env = "MTPLX_MAX_ACTIVE_REQUESTS", default_value_t = 8)]
-    pub max_active_requests: usize,
     /// Context window in tokens [default: the model's].
     #[arg(long, env = "MTPLX_CONTEXT_WINDOW")]
     pub context_window: Option<usize>,
@@ -142,19 +150,61 @@ pub struct Config {
     /// Prompt tokens per prefill forward pass.
     #[arg(long, env = "MTPLX_PREFILL_CHUNK_TOKENS", default_value_t = 512)]
     pub prefill_chunk_tokens: usize,
+    /// The KV layout the engine decodes in (restores are built in it).
+    #[arg(long, env = "MTPLX_KV_LAYOUT", value_enum, default_value = "paged")]
+    pub kv_layout: LayoutFlag,
     /// Request log path, or `off` [default: $MTPLX_HOME/logs/request-log-PORT.jsonl].
     #[arg(long, env = "MTPLX_REQUEST_LOG_JSONL")]
     pub request_log_jsonl: Option<String>,
+    /// Seconds a stop (SIGTERM, SIGINT) may take: the running generation is given half to
+    /// finish, then cancelled; the conversations not yet on the SSD tier are written until
+    /// the deadline.
+    #[arg(
+        long,
+        env = "MTPLX_SHUTDOWN_FLUSH_S",
+        default_value_t = 10.0,
+        value_parser = parse_seconds
+    )]
+    pub shutdown_flush_s: f64,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
+    #[command(flatten)]
+    pub bank: BankArgs,
+    #[command(flatten)]
+    pub ssd: SsdArgs,
+}
+
+/// What one request may take: slots, body, time, memory.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Generation requests in flight at once; more get a 503 with Retry-After.
+    #[arg(long, env = "MTPLX_MAX_ACTIVE_REQUESTS", default_value_t = 8)]
+    pub max_active_requests: usize,
     /// Largest request body in bytes.
     #[arg(long, env = "MTPLX_MAX_BODY_BYTES", default_value_t = 16 << 20)]
     pub max_body_bytes: usize,
     /// Seconds a response may take to start.
     #[arg(long, env = "MTPLX_REQUEST_TIMEOUT", default_value_t = 600)]
     pub request_timeout: u64,
-    /// Most draft tokens verified per forward pass in `mtp` mode; 0 turns speculation off.
-    #[arg(long, env = "MTPLX_DEPTH", default_value_t = 3)]
+    /// Memory a request's projected peak may reach (weights, bank, running requests);
+    /// above it the bank sheds entries, then the request gets HTTP 507 [default: 85% of
+    /// RAM].
+    #[arg(long, env = "MTPLX_MEMORY_LIMIT", value_parser = parse_bytes)]
+    pub memory_limit: Option<u64>,
+}
+
+/// Speculative decoding: how deep, drafted by what, adapting how; `--no-mtp` turns it off.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Speculation")]
+pub struct SpeculationArgs {
+    /// Most draft tokens verified per forward pass in `mtp` mode (1 or more; `--no-mtp`
+    /// turns speculation off).
+    #[arg(long, env = "MTPLX_DEPTH", default_value_t = 3, value_parser = parse_depth)]
     pub depth: usize,
-    /// Decode one token per forward pass for every request (same as `--depth 0`).
+    /// Decode one token per forward pass for every request: no speculation.
     #[arg(long, env = "MTPLX_NO_MTP")]
     pub no_mtp: bool,
     /// The MTP head that drafts in `mtp` mode (a `.safetensors` file, or a Hugging Face
@@ -172,9 +222,33 @@ pub struct Config {
         default_value = "cost"
     )]
     pub adaptive_policy: AdaptivePolicy,
-    /// The KV layout the engine decodes in (restores are built in it).
-    #[arg(long, env = "MTPLX_KV_LAYOUT", value_enum, default_value = "paged")]
-    pub kv_layout: LayoutFlag,
+}
+
+/// The RAM session bank's budgets.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Session bank")]
+pub struct BankArgs {
+    /// Bytes the RAM session bank may hold [default: min(24G, RAM/4)].
+    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_BYTES", value_parser = parse_bytes)]
+    pub session_bank_max_bytes: Option<u64>,
+    /// Bytes one session may hold in the bank [default: min(8G, bank/3)].
+    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_SESSION_BYTES", value_parser = parse_bytes)]
+    pub session_bank_max_session_bytes: Option<u64>,
+    /// Entries the bank may hold [default: 24].
+    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_ENTRIES")]
+    pub session_bank_max_entries: Option<usize>,
+    /// Newest entries kept per session [default: 3].
+    #[arg(long, env = "MTPLX_SESSION_BANK_ENTRIES_PER_SESSION")]
+    pub session_bank_entries_per_session: Option<usize>,
+    /// Seconds an idle entry stays in the bank [default: 3600].
+    #[arg(long, env = "MTPLX_SESSION_BANK_TTL")]
+    pub session_bank_ttl: Option<u64>,
+}
+
+/// The SSD tier the bank spills to and restores from.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "SSD tier")]
+pub struct SsdArgs {
     /// Spill evicted conversations to an SSD tier and restore them from it.
     #[arg(
         long,
@@ -206,36 +280,6 @@ pub struct Config {
         value_parser = parse_seconds
     )]
     pub ssd_session_cache_idle_write_s: f64,
-    /// Seconds a stop (SIGTERM, SIGINT) may take: the running generation is given half to
-    /// finish, then cancelled; the conversations not yet on the SSD tier are written until
-    /// the deadline.
-    #[arg(
-        long,
-        env = "MTPLX_SHUTDOWN_FLUSH_S",
-        default_value_t = 10.0,
-        value_parser = parse_seconds
-    )]
-    pub shutdown_flush_s: f64,
-    /// Bytes the RAM session bank may hold [default: min(24G, RAM/4)].
-    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_BYTES", value_parser = parse_bytes)]
-    pub session_bank_max_bytes: Option<u64>,
-    /// Bytes one session may hold in the bank [default: min(8G, bank/3)].
-    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_SESSION_BYTES", value_parser = parse_bytes)]
-    pub session_bank_max_session_bytes: Option<u64>,
-    /// Entries the bank may hold [default: 24].
-    #[arg(long, env = "MTPLX_SESSION_BANK_MAX_ENTRIES")]
-    pub session_bank_max_entries: Option<usize>,
-    /// Newest entries kept per session [default: 3].
-    #[arg(long, env = "MTPLX_SESSION_BANK_ENTRIES_PER_SESSION")]
-    pub session_bank_entries_per_session: Option<usize>,
-    /// Seconds an idle entry stays in the bank [default: 3600].
-    #[arg(long, env = "MTPLX_SESSION_BANK_TTL")]
-    pub session_bank_ttl: Option<u64>,
-    /// Memory a request's projected peak may reach (weights, bank, running requests);
-    /// above it the bank sheds entries, then the request gets HTTP 507 [default: 85% of
-    /// RAM].
-    #[arg(long, env = "MTPLX_MEMORY_LIMIT", value_parser = parse_bytes)]
-    pub memory_limit: Option<u64>,
 }
 
 /// Whether `host` names the loopback interface.
@@ -256,7 +300,7 @@ impl Config {
                 self.host
             ));
         }
-        if self.max_active_requests == 0 {
+        if self.limits.max_active_requests == 0 {
             return Err("--max-active-requests must be at least 1".into());
         }
         Ok(())
@@ -278,16 +322,16 @@ impl Config {
     pub fn settings(&self) -> Settings {
         Settings {
             context_window: self.context_window,
-            max_active_requests: self.max_active_requests,
+            max_active_requests: self.limits.max_active_requests,
             prefill_chunk_tokens: self.prefill_chunk_tokens,
             request_log: self.request_log_path(),
             request_log_rotation: Rotation::default(),
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
-            max_body_bytes: self.max_body_bytes,
-            request_timeout: Duration::from_secs(self.request_timeout),
+            max_body_bytes: self.limits.max_body_bytes,
+            request_timeout: Duration::from_secs(self.limits.request_timeout),
             speculation: Speculation {
-                depth: if self.no_mtp { 0 } else { self.depth },
-                policy: self.adaptive_policy.into(),
+                depth: self.speculation.depth(),
+                policy: self.speculation.adaptive_policy.into(),
                 head: self.mtp_head_path(),
             },
             cache: self.tier_config(),
@@ -297,7 +341,7 @@ impl Config {
 
     /// The MTP head file `--mtp-head` names, or the shipped one for the default model.
     pub fn mtp_head_path(&self) -> Option<PathBuf> {
-        match self.mtp_head.as_deref() {
+        match self.speculation.mtp_head.as_deref() {
             Some("none" | "off" | "") => None,
             Some(path) => Some(PathBuf::from(path)),
             None => {
@@ -319,17 +363,29 @@ impl Config {
             LayoutFlag::Paged => mtplx_kv::LayoutKind::Paged,
             LayoutFlag::Segmented => mtplx_kv::LayoutKind::Segmented,
         };
-        t.ssd = match self.ssd_session_cache {
-            SsdFlag::Off => SsdMode::Off,
-            SsdFlag::On => SsdMode::On,
-            SsdFlag::WriteOnly => SsdMode::WriteOnly,
-        };
-        if let Some(dir) = &self.ssd_session_cache_dir {
-            t.ssd_dir = dir.clone();
+        self.ssd.apply(&mut t);
+        self.bank.apply(&mut t.bank);
+        if let Some(v) = self.limits.memory_limit {
+            t.bank.memory_limit_bytes = v;
         }
-        t.ssd_max_bytes = self.ssd_session_cache_max_size;
-        t.ssd_free_disk_floor = self.ssd_session_cache_free_disk_floor;
-        let b = &mut t.bank;
+        t
+    }
+}
+
+impl SpeculationArgs {
+    /// The engine's depth: 0 (speculation off) under `--no-mtp`, else `--depth`.
+    pub fn depth(&self) -> usize {
+        if self.no_mtp {
+            0
+        } else {
+            self.depth
+        }
+    }
+}
+
+impl BankArgs {
+    /// Sets the budgets these flags name; the others keep the machine's defaults.
+    fn apply(&self, b: &mut BankConfig) {
         if let Some(v) = self.session_bank_max_bytes {
             b.max_bytes = v;
             b.max_session_bytes = b.max_session_bytes.min(v);
@@ -346,11 +402,23 @@ impl Config {
         if let Some(v) = self.session_bank_ttl {
             b.idle_ttl = Duration::from_secs(v);
         }
-        b.idle_write = Some(Duration::from_secs_f64(self.ssd_session_cache_idle_write_s));
-        if let Some(v) = self.memory_limit {
-            b.memory_limit_bytes = v;
+    }
+}
+
+impl SsdArgs {
+    /// Sets the SSD tier these flags ask for, and when the bank writes behind to it.
+    fn apply(&self, t: &mut TierConfig) {
+        t.ssd = match self.ssd_session_cache {
+            SsdFlag::Off => SsdMode::Off,
+            SsdFlag::On => SsdMode::On,
+            SsdFlag::WriteOnly => SsdMode::WriteOnly,
+        };
+        if let Some(dir) = &self.ssd_session_cache_dir {
+            t.ssd_dir = dir.clone();
         }
-        t
+        t.ssd_max_bytes = self.ssd_session_cache_max_size;
+        t.ssd_free_disk_floor = self.ssd_session_cache_free_disk_floor;
+        t.bank.idle_write = Some(Duration::from_secs_f64(self.ssd_session_cache_idle_write_s));
     }
 }
 
@@ -483,6 +551,15 @@ mod tests {
             assert!(Config::try_parse_from(["mtplx-serve", "--shutdown-flush-s", bad]).is_err());
         }
         assert_eq!(parse(&[]).tier_config().ssd_free_disk_floor, None);
+    }
+
+    #[test]
+    fn speculation_is_turned_off_one_way() {
+        let e = Config::try_parse_from(["mtplx-serve", "--depth", "0"]).unwrap_err();
+        assert!(e.to_string().contains("--no-mtp"), "{e}");
+        assert_eq!(parse(&["--depth", "1"]).settings().speculation.depth, 1);
+        let off = parse(&["--no-mtp", "--depth", "5"]).settings().speculation;
+        assert_eq!(off.depth, 0);
     }
 
     #[test]

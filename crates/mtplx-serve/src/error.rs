@@ -131,6 +131,19 @@ impl ApiError {
         }
     }
 
+    /// 413: the body was cut off at a limit this code does not know (the body-limit layer
+    /// renders it again with its limit).
+    pub fn body_cut_off() -> Self {
+        ApiError {
+            code: Some("request_too_large"),
+            ..ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "The request body is larger than the limit.",
+            )
+        }
+    }
+
     /// 401: the API key is missing or wrong.
     pub fn unauthorized() -> Self {
         ApiError {

@@ -4,7 +4,7 @@
 //! This is the only crate that knows HTTP and JSON wire types. It is thin: the model,
 //! tokenizer, chat templates and sampling live in `mtplx-model`, the KV layouts in
 //! `mtplx-kv`. A request flows through the layers of [`app`] (request id, tracing,
-//! counting, timeout, auth, body limit), the [`router`], a handler in [`api`] that turns
+//! counting, timeout, auth, body limit, session), the [`router`], a handler in [`api`] that turns
 //! the wire request into prompt tokens and a sampler, and the [`engine`], which streams
 //! text back over a channel.
 //!
@@ -18,7 +18,7 @@
 //! use tower::ServiceExt;
 //! use mtplx_serve::{app, AppState, Settings};
 //!
-//! # async fn demo() -> anyhow::Result<()> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let bundle = mtplx_model::Bundle::load("model.gguf".as_ref(), Default::default())?;
 //! let state = AppState::new(Arc::new(bundle), Settings::default())?;
 //! let req = Request::get("/health").body(Full::new(Bytes::new()))?;

@@ -3,15 +3,16 @@
 use bytes::Bytes;
 use http::{Request, Response};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 
+use super::chat::wire::StreamOptions;
+use super::drive::{self, Delivery, Ending, Out, Render, StreamUsage, Turn, Whole};
 use super::generate::{self, Generation};
 use super::params::{stop_strings, token_limit, SamplingParams, StopParam};
-use super::sse::{data, done_marker, SseEncoder};
-use super::{check_model, json_response, openai_usage, read_json, sse, unix_now, RequestCtx};
+use super::sse::{data, done_marker, openai_failed};
+use super::{check_model, openai_usage, read_json, unix_now, RequestCtx};
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::job::Summary;
 use crate::state::AppState;
 
 pub const ENDPOINT: &str = "/v1/completions";
@@ -21,7 +22,7 @@ pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: PromptParam,
     pub stream: Option<bool>,
-    pub stream_options: Option<super::chat::wire::StreamOptions>,
+    pub stream_options: Option<StreamOptions>,
     pub max_tokens: Option<i64>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
@@ -110,12 +111,8 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
     }
     let sampler = body.sampling().sampler()?;
     let max_tokens = token_limit("max_tokens", body.max_tokens)?;
-    let streaming = body.stream.unwrap_or(false);
-    let include_usage = body
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
+    let delivery = Delivery::asked(body.stream);
+    let usage = StreamUsage::asked(body.stream_options.as_ref().and_then(|o| o.include_usage));
     let stop = stop_strings(body.stop.clone());
     let ignore_eos = body.ignore_eos.unwrap_or(false);
     let prompt = prompt_ids(&state, body.prompt)?;
@@ -133,41 +130,24 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         },
     )
     .await?;
-    let id = format!("cmpl-{}", ctx.id_suffix());
-    let model = state.model_id().to_owned();
-    if streaming {
-        let encoder = CompletionStream {
-            id,
-            model,
-            created: unix_now(),
-            include_usage,
-        };
-        return Ok(sse::response(events, encoder));
-    }
-    let done = generate::collect(events).await?;
-    Ok(json_response(&json!({
-        "id": id,
-        "object": "text_completion",
-        "created": unix_now(),
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "text": done.text,
-            "logprobs": null,
-            "finish_reason": done.summary.finish.as_openai(),
-        }],
-        "usage": openai_usage(&done.summary),
-    })))
+    let render = CompletionRender {
+        id: format!("cmpl-{}", ctx.id_suffix()),
+        model: state.model_id().to_owned(),
+        created: unix_now(),
+        usage,
+    };
+    drive::answer(events, delivery, Turn::plain(), render).await
 }
 
-struct CompletionStream {
+/// A text completion as it is written: `text_completion` chunks, or one whole.
+struct CompletionRender {
     id: String,
     model: String,
     created: u64,
-    include_usage: bool,
+    usage: StreamUsage,
 }
 
-impl CompletionStream {
+impl CompletionRender {
     fn chunk(&self, text: &str, finish: Option<&str>) -> Bytes {
         data(&json!({
             "id": self.id,
@@ -179,35 +159,52 @@ impl CompletionStream {
     }
 }
 
-impl SseEncoder for CompletionStream {
+impl Render for CompletionRender {
     fn open(&mut self) -> Vec<Bytes> {
         Vec::new()
     }
 
-    fn text(&mut self, text: String) -> Vec<Bytes> {
-        vec![self.chunk(&text, None)]
+    fn out(&mut self, out: Out, frames: &mut Vec<Bytes>) {
+        // A plain turn parses no calls: everything is text.
+        if let Out::Text(text) = out {
+            frames.push(self.chunk(&text, None));
+        }
     }
 
-    fn done(&mut self, summary: Summary) -> Vec<Bytes> {
-        let mut out = vec![self.chunk("", Some(summary.finish.as_openai()))];
-        if self.include_usage {
-            out.push(data(&json!({
+    fn done(&mut self, ending: &Ending, frames: &mut Vec<Bytes>) {
+        let summary = &ending.summary;
+        frames.push(self.chunk("", Some(summary.finish.as_openai())));
+        if self.usage == StreamUsage::Included {
+            frames.push(data(&json!({
                 "id": self.id,
                 "object": "text_completion",
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
-                "usage": openai_usage(&summary),
+                "usage": openai_usage(summary),
             })));
         }
-        out.push(done_marker());
-        out
+        frames.push(done_marker());
     }
 
     fn failed(&mut self, message: String) -> Vec<Bytes> {
-        vec![
-            data(&ApiError::internal(message).to_json(Default::default())),
-            done_marker(),
-        ]
+        openai_failed(message)
+    }
+
+    fn whole(self, whole: Whole) -> Value {
+        let summary = &whole.ending.summary;
+        json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": unix_now(),
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "text": whole.content.unwrap_or_default(),
+                "logprobs": null,
+                "finish_reason": summary.finish.as_openai(),
+            }],
+            "usage": openai_usage(summary),
+        })
     }
 }

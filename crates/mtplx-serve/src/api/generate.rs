@@ -1,5 +1,5 @@
-//! The one path from a handler to the engine: check the prompt against the context window,
-//! queue the job, and either collect its text or hand its events to a stream.
+//! The one path from a handler to the engine: check the prompt against the context window
+//! and queue the job; its events come back to [`super::drive`].
 
 use mtplx_model::sampling::Sampler;
 use tokio::sync::mpsc;
@@ -8,7 +8,7 @@ use tower::ServiceExt;
 use super::extras::RequestExtras;
 use super::RequestCtx;
 use crate::error::ApiError;
-use crate::job::{Event, Job, Summary};
+use crate::job::{Event, Job};
 use crate::state::AppState;
 
 /// A generation as an endpoint asks for it.
@@ -66,31 +66,4 @@ pub async fn submit(
         restore: None,
     };
     state.pipeline().oneshot(job).await
-}
-
-/// A generation's whole text and its summary.
-#[derive(Debug, Clone)]
-pub struct Completed {
-    pub text: String,
-    pub summary: Summary,
-}
-
-/// Waits for the end of a generation.
-pub async fn collect(mut events: mpsc::Receiver<Event>) -> Result<Completed, ApiError> {
-    let mut text = String::new();
-    while let Some(event) = events.recv().await {
-        match event {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(summary) => {
-                return Ok(Completed {
-                    text,
-                    summary: *summary,
-                })
-            }
-            Event::Failed(message) => return Err(ApiError::internal(message)),
-        }
-    }
-    Err(ApiError::internal(
-        "The engine stopped before the generation ended.",
-    ))
 }

@@ -1,10 +1,12 @@
 //! The HTTP API: wire types and handlers, one module per endpoint family. Everything model
-//! related goes through [`generate`] to the engine.
+//! related goes through [`generate`] to the engine, and comes back through [`drive`], which
+//! each family only renders.
 
 pub mod admin;
 pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub mod drive;
 pub mod extras;
 pub mod generate;
 pub mod models;
@@ -25,7 +27,6 @@ use serde_json::{json, Value};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::job::Summary;
-use crate::layers::body_limit::BodyTooLarge;
 use crate::state::AppState;
 
 pub use crate::util::{random_hex, random_u64, unix_now};
@@ -75,13 +76,14 @@ impl RequestCtx {
 }
 
 /// Reads the body as JSON into `T`: unreadable or oversized bodies, malformed JSON and
-/// wrong types are all 4xx.
+/// wrong types are all 4xx. A body cut off by the body limit is a 413, which the limit's
+/// layer renders again naming its limit ([`crate::layers::body_limit`]).
 pub async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, ApiError> {
     let bytes = match body.collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) => {
-            return Err(match e.downcast_ref::<BodyTooLarge>() {
-                Some(t) => ApiError::payload_too_large(t.limit),
+            return Err(match e.downcast_ref::<http_body_util::LengthLimitError>() {
+                Some(_) => ApiError::body_cut_off(),
                 None => ApiError::bad_request(format!("Could not read the request body: {e}")),
             })
         }

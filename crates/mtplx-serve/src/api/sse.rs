@@ -16,6 +16,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::body::Body;
+use crate::error::{ApiError, ErrorFormat};
 use crate::job::{Event, Summary};
 
 /// Turns engine events into wire frames for one endpoint's streaming format.
@@ -44,6 +45,14 @@ pub fn named(name: &str, value: &impl Serialize) -> Bytes {
 /// `data: [DONE]\n\n`, OpenAI's end of stream.
 pub fn done_marker() -> Bytes {
     Bytes::from_static(b"data: [DONE]\n\n")
+}
+
+/// OpenAI's end of a failed stream: the error, then `[DONE]`.
+pub fn openai_failed(message: String) -> Vec<Bytes> {
+    vec![
+        data(&ApiError::internal(message).to_json(ErrorFormat::OpenAi)),
+        done_marker(),
+    ]
 }
 
 /// A streaming body fed by the engine.

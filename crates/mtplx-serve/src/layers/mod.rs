@@ -1,11 +1,17 @@
 //! Tower layers, outermost first in [`crate::app`]: request id, tracing, request counting,
-//! timeout, auth, body limit; the concurrency limit wraps only the generation routes.
-//! Each is its own module with its own tests.
+//! timeout, auth, body limit, session; the concurrency limit wraps only the generation
+//! routes. Each is its own module with its own tests.
+//!
+//! tower-http does the generic work: request ids, tracing, the body limit and the timeout.
+//! The mtplx-specific layers (auth, counting, the concurrency limit) are each a [`guard`]
+//! on one skeleton, and a [`guard::Refusal`] renders tower-http's refusals (a bare 413 or
+//! 504) in the API's error shape.
 
 pub mod auth;
 pub mod body_limit;
 pub mod concurrency;
 pub mod count;
+pub mod guard;
 pub mod request_id;
 pub mod session;
 pub mod timeout;

@@ -6,14 +6,15 @@ mod stream;
 pub mod wire;
 
 use http::{Request, Response};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use self::stream::MessagesStream;
+use self::stream::MessagesRender;
 use self::wire::MessagesRequest;
+use super::drive::{self, Delivery, Tools, Turn};
 use super::generate::{self, Generation};
 use super::params::token_limit;
-use super::tools::parse_all;
-use super::{check_model, json_response, prompt, read_json, sse, RequestCtx};
+use super::tools::ToolChoice;
+use super::{check_model, json_response, prompt, read_json, RequestCtx};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -31,7 +32,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         .ok_or_else(|| ApiError::invalid_param("max_tokens", "`max_tokens` is required."))?;
     let sampler = body.sampling().sampler()?;
     let conversation = body.conversation()?;
-    let has_tools = conversation.tools.is_some();
+    let tools = Tools::offered(conversation.tools.is_some());
     let prompt = prompt::encode_chat(&state, conversation)?;
     let prompt_tokens = prompt.len();
     let events = generate::submit(
@@ -48,34 +49,14 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         },
     )
     .await?;
-    let id = format!("msg_{}", ctx.id_suffix());
-    let model = state.model_id().to_owned();
-    if body.stream.unwrap_or(false) {
-        let encoder = MessagesStream::new(id, model, prompt_tokens, has_tools);
-        return Ok(sse::response(events, encoder));
-    }
-    let done = generate::collect(events).await?;
-    let (text, calls) = if has_tools {
-        parse_all(&done.text)
-    } else {
-        (Some(done.text), Vec::new())
-    };
-    let mut content: Vec<Value> = Vec::new();
-    if text.is_some() || calls.is_empty() {
-        content.push(json!({ "type": "text", "text": text.unwrap_or_default() }));
-    }
-    content.extend(calls.iter().map(tool_use_block));
-    let (reason, sequence) = stop_reason(&done.summary.finish, !calls.is_empty());
-    Ok(json_response(&json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": reason,
-        "stop_sequence": sequence,
-        "usage": usage(&done.summary),
-    })))
+    let render = MessagesRender::new(
+        format!("msg_{}", ctx.id_suffix()),
+        state.model_id().to_owned(),
+        prompt_tokens,
+    );
+    let delivery = Delivery::asked(body.stream);
+    let turn = Turn::new(tools, ToolChoice::Auto);
+    drive::answer(events, delivery, turn, render).await
 }
 
 pub async fn count_tokens(state: AppState, req: Request<Body>) -> Result<Response<Body>, ApiError> {

@@ -3,17 +3,18 @@
 
 use serde_json::{json, Value};
 
+use crate::api::drive::Stop;
 use crate::api::random_hex;
 use crate::api::tools::ParsedCall;
 use crate::job::{Finish, Summary};
 
 /// Anthropic's `stop_reason` and `stop_sequence`.
-pub fn stop_reason(finish: &Finish, tool_calls: bool) -> (&'static str, Value) {
-    match finish {
-        _ if tool_calls => ("tool_use", Value::Null),
-        Finish::StopSequence(s) => ("stop_sequence", json!(s)),
-        Finish::Length | Finish::ContextFull => ("max_tokens", Value::Null),
-        Finish::StopToken | Finish::Cancelled => ("end_turn", Value::Null),
+pub fn stop_reason(stop: Stop<'_>) -> (&'static str, Value) {
+    match stop {
+        Stop::ToolCalls => ("tool_use", Value::Null),
+        Stop::Finished(Finish::StopSequence(s)) => ("stop_sequence", json!(s)),
+        Stop::Finished(Finish::Length | Finish::ContextFull) => ("max_tokens", Value::Null),
+        Stop::Finished(Finish::StopToken | Finish::Cancelled) => ("end_turn", Value::Null),
     }
 }
 

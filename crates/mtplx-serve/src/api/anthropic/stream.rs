@@ -1,37 +1,36 @@
-//! The Messages event stream: `message_start`, content blocks, `message_delta`,
-//! `message_stop`.
+//! A Messages answer as it is written: the event stream (`message_start`, content blocks,
+//! `message_delta`, `message_stop`), or one `message` whole.
 
 use bytes::Bytes;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::render::{stop_reason, tool_use_block, usage};
-use crate::api::sse::{named, SseEncoder};
-use crate::api::tools::{Piece, ToolCallParser};
+use crate::api::drive::{Ending, Out, Render, Stream, Tools, Turn, Whole};
+use crate::api::sse::named;
+use crate::api::tools::{ParsedCall, ToolChoice};
 use crate::error::{ApiError, ErrorFormat};
-use crate::job::Summary;
 
-pub struct MessagesStream {
+pub struct MessagesRender {
     id: String,
     model: String,
     prompt_tokens: usize,
-    tools: Option<ToolCallParser>,
     /// Index of the next content block.
     next_block: usize,
     /// Whether a text block is open (at index `next_block - 1`).
     text_open: bool,
-    calls: usize,
 }
 
-impl MessagesStream {
-    pub fn new(id: String, model: String, prompt_tokens: usize, tools: bool) -> Self {
-        MessagesStream {
+/// The streamed Messages answer.
+pub type MessagesStream = Stream<MessagesRender>;
+
+impl MessagesRender {
+    pub fn new(id: String, model: String, prompt_tokens: usize) -> Self {
+        MessagesRender {
             id,
             model,
             prompt_tokens,
-            tools: tools.then(ToolCallParser::new),
             next_block: 0,
             text_open: false,
-            calls: 0,
         }
     }
 
@@ -70,45 +69,46 @@ impl MessagesStream {
         }
     }
 
-    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<Bytes>) {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => self.text_delta(t, out),
-                Piece::Call(call) => {
-                    self.close_text(out);
-                    let mut block = tool_use_block(&call);
-                    let input = block["input"].to_string();
-                    block["input"] = json!({});
-                    let index = self.next_block;
-                    self.next_block += 1;
-                    self.calls += 1;
-                    out.push(named(
-                        "content_block_start",
-                        &json!({
-                            "type": "content_block_start", "index": index, "content_block": block,
-                        }),
-                    ));
-                    out.push(named(
-                        "content_block_delta",
-                        &json!({
-                            "type": "content_block_delta",
-                            "index": index,
-                            "delta": { "type": "input_json_delta", "partial_json": input },
-                        }),
-                    ));
-                    out.push(named(
-                        "content_block_stop",
-                        &json!({
-                            "type": "content_block_stop", "index": index,
-                        }),
-                    ));
-                }
-            }
-        }
+    fn tool_use(&mut self, call: &ParsedCall, out: &mut Vec<Bytes>) {
+        self.close_text(out);
+        let mut block = tool_use_block(call);
+        let input = block["input"].to_string();
+        block["input"] = json!({});
+        let index = self.next_block;
+        self.next_block += 1;
+        out.push(named(
+            "content_block_start",
+            &json!({
+                "type": "content_block_start", "index": index, "content_block": block,
+            }),
+        ));
+        out.push(named(
+            "content_block_delta",
+            &json!({
+                "type": "content_block_delta",
+                "index": index,
+                "delta": { "type": "input_json_delta", "partial_json": input },
+            }),
+        ));
+        out.push(named(
+            "content_block_stop",
+            &json!({
+                "type": "content_block_stop", "index": index,
+            }),
+        ));
     }
 }
 
-impl SseEncoder for MessagesStream {
+impl MessagesStream {
+    pub fn new(id: String, model: String, prompt_tokens: usize, tools: Tools) -> Self {
+        Stream::of(
+            Turn::new(tools, ToolChoice::Auto),
+            MessagesRender::new(id, model, prompt_tokens),
+        )
+    }
+}
+
+impl Render for MessagesRender {
     fn open(&mut self) -> Vec<Bytes> {
         vec![
             named(
@@ -136,39 +136,28 @@ impl SseEncoder for MessagesStream {
         ]
     }
 
-    fn text(&mut self, text: String) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        match self.tools.as_mut() {
-            None => self.text_delta(text, &mut out),
-            Some(parser) => {
-                let pieces = parser.push(&text);
-                self.pieces(pieces, &mut out);
-            }
+    fn out(&mut self, out: Out, frames: &mut Vec<Bytes>) {
+        match out {
+            Out::Text(t) => self.text_delta(t, frames),
+            Out::Call { call, .. } => self.tool_use(&call, frames),
         }
-        out
     }
 
-    fn done(&mut self, summary: Summary) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if let Some(parser) = self.tools.as_mut() {
-            let pieces = parser.finish();
-            self.pieces(pieces, &mut out);
-        }
+    fn done(&mut self, ending: &Ending, out: &mut Vec<Bytes>) {
         if self.next_block == 0 {
-            self.text_delta(String::new(), &mut out);
+            self.text_delta(String::new(), out);
         }
-        self.close_text(&mut out);
-        let (reason, sequence) = stop_reason(&summary.finish, self.calls > 0);
+        self.close_text(out);
+        let (reason, sequence) = stop_reason(ending.stop());
         out.push(named(
             "message_delta",
             &json!({
                 "type": "message_delta",
                 "delta": { "stop_reason": reason, "stop_sequence": sequence },
-                "usage": usage(&summary),
+                "usage": usage(&ending.summary),
             }),
         ));
         out.push(named("message_stop", &json!({ "type": "message_stop" })));
-        out
     }
 
     fn failed(&mut self, message: String) -> Vec<Bytes> {
@@ -177,17 +166,41 @@ impl SseEncoder for MessagesStream {
             &ApiError::internal(message).to_json(ErrorFormat::Anthropic),
         )]
     }
+
+    fn whole(self, whole: Whole) -> Value {
+        let Whole {
+            content: text,
+            calls,
+            ending,
+        } = whole;
+        let mut content: Vec<Value> = Vec::new();
+        if text.is_some() || calls.is_empty() {
+            content.push(json!({ "type": "text", "text": text.unwrap_or_default() }));
+        }
+        content.extend(calls.iter().map(tool_use_block));
+        let (reason, sequence) = stop_reason(ending.stop());
+        json!({
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": usage(&ending.summary),
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::sse::tests::decode;
-    use crate::job::Finish;
+    use crate::job::{Finish, Summary};
 
     #[test]
     fn tool_calls_stream_as_tool_use_blocks() {
-        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 12, true);
+        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 12, Tools::Offered);
         let mut frames = enc.open();
         frames.extend(enc.text("Checking. <tool_call>{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>".into()));
         frames.extend(enc.done(Summary::for_test(Finish::StopToken, 20)));
@@ -221,7 +234,7 @@ mod tests {
 
     #[test]
     fn an_empty_answer_still_has_one_text_block() {
-        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 3, false);
+        let mut enc = MessagesStream::new("msg_1".into(), "m".into(), 3, Tools::Absent);
         let mut frames = enc.open();
         frames.extend(enc.done(Summary::for_test(Finish::Length, 1)));
         let events = decode(&frames);

@@ -5,20 +5,20 @@ mod stream;
 pub mod wire;
 
 use http::{Request, Response};
-use serde_json::json;
 
-use self::stream::ChatStream;
+use self::stream::ChatRender;
 use self::wire::ChatCompletionRequest;
+use super::drive::{self, Delivery, StreamUsage, Tools, Turn};
 use super::generate::{self, Generation};
 use super::params::{stop_strings, token_limit};
 use super::prompt::{self, Conversation};
 use super::tools::ToolChoice;
-use super::{check_model, json_response, openai_usage, read_json, sse, unix_now, RequestCtx};
+use super::{check_model, read_json, RequestCtx};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-pub use render::{assistant_message, forced_message, tool_call_json};
+pub use render::{assistant_message, message, tool_call_json};
 
 pub const ENDPOINT: &str = "/v1/chat/completions";
 
@@ -49,12 +49,8 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
     let choice = ToolChoice::parse(body.tool_choice.as_ref(), body.tools.as_deref())?;
     let tools = body.active_tools();
     let forced = choice.forced_prefix();
-    let streaming = body.stream.unwrap_or(false);
-    let include_usage = body
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
+    let delivery = Delivery::asked(body.stream);
+    let usage = StreamUsage::asked(body.stream_options.as_ref().and_then(|o| o.include_usage));
     let ignore_eos = body.ignore_eos.unwrap_or(false);
     let mut stop = stop_strings(body.stop.clone());
     if choice.forces_a_call() {
@@ -68,14 +64,14 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         .into_iter()
         .map(wire::WireMessage::into_chat)
         .collect::<Result<Vec<_>, _>>()?;
-    let has_tools = tools.is_some();
+    let offered = Tools::offered(tools.is_some());
     let prompt = prompt::encode_chat(
         &state,
         Conversation {
             messages,
             tools,
             template_kwargs,
-            assistant_prefix: forced.clone(),
+            assistant_prefix: forced,
         },
     )?;
     let events = generate::submit(
@@ -93,28 +89,6 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
     )
     .await?;
     let id = format!("chatcmpl-{}", ctx.id_suffix());
-    let model = state.model_id().to_owned();
-    if streaming {
-        let encoder = ChatStream::new(id, model, has_tools, include_usage, choice);
-        return Ok(sse::response(events, encoder));
-    }
-    let done = generate::collect(events).await?;
-    let (message, finish) = match forced_message(&choice, &done.text) {
-        Some(m) => (m, "tool_calls"),
-        None => assistant_message(forced + &done.text, has_tools, &done.summary.finish),
-    };
-    Ok(json_response(&json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": unix_now(),
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": null,
-            "finish_reason": finish,
-        }],
-        "usage": openai_usage(&done.summary),
-        "system_fingerprint": null,
-    })))
+    let render = ChatRender::new(id, state.model_id().to_owned(), usage);
+    drive::answer(events, delivery, Turn::new(offered, choice), render).await
 }

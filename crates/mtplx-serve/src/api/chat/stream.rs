@@ -1,41 +1,31 @@
-//! The `chat.completion.chunk` stream.
+//! The chat completion as it is written: `chat.completion.chunk`s when streamed, one
+//! `chat.completion` whole.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::api::sse::{data, done_marker, SseEncoder};
-use crate::api::tools::{Piece, ToolCallParser, ToolChoice};
+use crate::api::drive::{Ending, Out, Render, Stop, Stream, StreamUsage, Tools, Turn, Whole};
+use crate::api::sse::{data, done_marker, openai_failed};
+use crate::api::tools::ToolChoice;
 use crate::api::{openai_usage, unix_now};
-use crate::error::ApiError;
-use crate::job::Summary;
 
-pub struct ChatStream {
+pub struct ChatRender {
     id: String,
     model: String,
     created: u64,
-    include_usage: bool,
-    /// Present when the request had tools: calls are parsed out of the text.
-    tools: Option<ToolCallParser>,
-    /// A forced call (`tool_choice` required or named): the text is held and read by
-    /// structure at the end.
-    forced: Option<(ToolChoice, String)>,
+    usage: StreamUsage,
 }
 
-impl ChatStream {
-    pub fn new(
-        id: String,
-        model: String,
-        tools: bool,
-        include_usage: bool,
-        choice: ToolChoice,
-    ) -> Self {
-        ChatStream {
+/// The streamed chat completion.
+pub type ChatStream = Stream<ChatRender>;
+
+impl ChatRender {
+    pub fn new(id: String, model: String, usage: StreamUsage) -> Self {
+        ChatRender {
             id,
             model,
             created: unix_now(),
-            include_usage,
-            tools: tools.then(ToolCallParser::new),
-            forced: choice.forces_a_call().then(|| (choice, String::new())),
+            usage,
         }
     }
 
@@ -53,91 +43,79 @@ impl ChatStream {
             }],
         }))
     }
+}
 
-    fn pieces(&self, pieces: Vec<Piece>, calls_before: usize) -> Vec<Bytes> {
-        let mut index = calls_before;
-        pieces
-            .into_iter()
-            .map(|p| match p {
-                Piece::Text(t) => self.chunk(json!({ "content": t }), None),
-                Piece::Call(c) => {
-                    let mut call = super::render::tool_call_json(&c);
-                    call["index"] = json!(index);
-                    index += 1;
-                    self.chunk(json!({ "tool_calls": [call] }), None)
-                }
-            })
-            .collect()
+impl ChatStream {
+    pub fn new(
+        id: String,
+        model: String,
+        tools: Tools,
+        usage: StreamUsage,
+        choice: ToolChoice,
+    ) -> Self {
+        Stream::of(Turn::new(tools, choice), ChatRender::new(id, model, usage))
     }
 }
 
-impl SseEncoder for ChatStream {
+/// OpenAI's `finish_reason`.
+fn finish_reason(ending: &Ending) -> &'static str {
+    match ending.stop() {
+        Stop::ToolCalls => "tool_calls",
+        Stop::Finished(finish) => finish.as_openai(),
+    }
+}
+
+impl Render for ChatRender {
     fn open(&mut self) -> Vec<Bytes> {
         vec![self.chunk(json!({ "role": "assistant", "content": "" }), None)]
     }
 
-    fn text(&mut self, text: String) -> Vec<Bytes> {
-        if let Some((_, held)) = self.forced.as_mut() {
-            held.push_str(&text);
-            return Vec::new();
-        }
-        match self.tools.as_mut() {
-            None => vec![self.chunk(json!({ "content": text }), None)],
-            Some(parser) => {
-                let before = parser.calls();
-                let pieces = parser.push(&text);
-                self.pieces(pieces, before)
+    fn out(&mut self, out: Out, frames: &mut Vec<Bytes>) {
+        frames.push(match out {
+            Out::Text(t) => self.chunk(json!({ "content": t }), None),
+            Out::Call { index, call } => {
+                let mut call = super::render::tool_call_json(&call);
+                call["index"] = json!(index);
+                self.chunk(json!({ "tool_calls": [call] }), None)
             }
-        }
+        });
     }
 
-    fn done(&mut self, summary: Summary) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        let mut calls = 0;
-        if let Some((choice, held)) = self.forced.take() {
-            match choice.forced_call(&held) {
-                Some(call) => {
-                    calls = 1;
-                    out = self.pieces(vec![Piece::Call(call)], 0);
-                }
-                // Not completed: what the model wrote goes through the usual parser.
-                None => {
-                    let text = choice.forced_prefix() + &held;
-                    out = self.text(text);
-                }
-            }
-        }
-        if let Some(parser) = self.tools.as_mut() {
-            let before = parser.calls();
-            let pieces = parser.finish();
-            calls = calls.max(parser.calls());
-            out.extend(self.pieces(pieces, before));
-        }
-        let finish = if calls > 0 {
-            "tool_calls"
-        } else {
-            summary.finish.as_openai()
-        };
-        out.push(self.chunk(json!({}), Some(finish)));
-        if self.include_usage {
-            out.push(data(&json!({
+    fn done(&mut self, ending: &Ending, frames: &mut Vec<Bytes>) {
+        frames.push(self.chunk(json!({}), Some(finish_reason(ending))));
+        if self.usage == StreamUsage::Included {
+            frames.push(data(&json!({
                 "id": self.id,
                 "object": "chat.completion.chunk",
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
-                "usage": openai_usage(&summary),
+                "usage": openai_usage(&ending.summary),
             })));
         }
-        out.push(done_marker());
-        out
+        frames.push(done_marker());
     }
 
     fn failed(&mut self, message: String) -> Vec<Bytes> {
-        vec![
-            data(&ApiError::internal(message).to_json(Default::default())),
-            done_marker(),
-        ]
+        openai_failed(message)
+    }
+
+    fn whole(self, whole: Whole) -> Value {
+        let message = super::render::message(whole.content, &whole.calls);
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": unix_now(),
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": finish_reason(&whole.ending),
+            }],
+            "usage": openai_usage(&whole.ending.summary),
+            "system_fingerprint": null,
+        })
     }
 }
 
@@ -147,11 +125,17 @@ mod tests {
 
     use super::*;
     use crate::api::sse::tests::decode;
-    use crate::job::Finish;
+    use crate::job::{Finish, Summary};
 
     #[test]
     fn tool_calls_stream_as_tool_call_deltas() {
-        let mut enc = ChatStream::new("id".into(), "m".into(), true, true, ToolChoice::Auto);
+        let mut enc = ChatStream::new(
+            "id".into(),
+            "m".into(),
+            Tools::Offered,
+            StreamUsage::Included,
+            ToolChoice::Auto,
+        );
         let mut frames = enc.open();
         for piece in [
             "Sure. <tool",
@@ -187,7 +171,13 @@ mod tests {
 
     #[test]
     fn without_tools_the_markup_is_plain_content() {
-        let mut enc = ChatStream::new("id".into(), "m".into(), false, false, ToolChoice::Auto);
+        let mut enc = ChatStream::new(
+            "id".into(),
+            "m".into(),
+            Tools::Absent,
+            StreamUsage::Omitted,
+            ToolChoice::Auto,
+        );
         let frames = enc.text("<tool_call>{}</tool_call>".into());
         assert_eq!(
             decode(&frames)[0]["choices"][0]["delta"]["content"],

@@ -8,12 +8,13 @@ pub mod wire;
 use http::{Request, Response};
 use serde_json::json;
 
-use self::stream::ResponsesStream;
+use self::stream::ResponsesRender;
 use self::wire::ResponsesRequest;
+use super::drive::{self, Delivery, Tools, Turn};
 use super::generate::{self, Generation};
 use super::params::token_limit;
-use super::tools::parse_all;
-use super::{check_model, json_response, prompt, random_hex, read_json, sse, unix_now, RequestCtx};
+use super::tools::ToolChoice;
+use super::{check_model, prompt, read_json, unix_now, RequestCtx};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -29,7 +30,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
     let max_tokens = token_limit("max_output_tokens", body.max_output_tokens)?;
     let sampler = body.sampling().sampler()?;
     let conversation = body.conversation()?;
-    let has_tools = conversation.tools.is_some();
+    let tools = Tools::offered(conversation.tools.is_some());
     let prompt = prompt::encode_chat(&state, conversation)?;
     let events = generate::submit(
         &state,
@@ -69,28 +70,7 @@ pub async fn handle(state: AppState, req: Request<Body>) -> Result<Response<Body
         tool_choice: body.tool_choice.clone().unwrap_or(json!("auto")),
         metadata: body.extras.metadata.clone().unwrap_or(json!({})),
     };
-    if body.stream.unwrap_or(false) {
-        return Ok(sse::response(events, ResponsesStream::new(meta, has_tools)));
-    }
-    let done = generate::collect(events).await?;
-    let (text, calls) = if has_tools {
-        parse_all(&done.text)
-    } else {
-        (Some(done.text), Vec::new())
-    };
-    let mut output = Vec::new();
-    if let Some(text) = text.filter(|t| !t.is_empty()) {
-        output.push(message_item(
-            &format!("msg_{}", random_hex()),
-            &text,
-            "completed",
-        ));
-    }
-    output.extend(calls.iter().map(|c| function_call_item(c, "completed")));
-    let status = status_of(&done.summary.finish);
-    Ok(json_response(&meta.response(
-        status,
-        &output,
-        Some(&done.summary),
-    )))
+    let delivery = Delivery::asked(body.stream);
+    let turn = Turn::new(tools, ToolChoice::Auto);
+    drive::answer(events, delivery, turn, ResponsesRender::new(meta)).await
 }

@@ -1,14 +1,14 @@
-//! The Responses event stream: `response.created`, output items and their deltas,
-//! `response.completed`.
+//! A Responses answer as it is written: the event stream (`response.created`, output items
+//! and their deltas, `response.completed`), or one response object whole.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::render::{function_call_item, message_item, status_of, Meta};
+use crate::api::drive::{Ending, Out, Render, Stream, Tools, Turn, Whole};
 use crate::api::random_hex;
-use crate::api::sse::{named, SseEncoder};
-use crate::api::tools::{Piece, ToolCallParser};
-use crate::job::Summary;
+use crate::api::sse::named;
+use crate::api::tools::{ParsedCall, ToolChoice};
 
 /// The message item being written.
 struct OpenMessage {
@@ -16,20 +16,30 @@ struct OpenMessage {
     text: String,
 }
 
-pub struct ResponsesStream {
+pub struct ResponsesRender {
     meta: Meta,
-    tools: Option<ToolCallParser>,
     sequence: u64,
     /// Finished output items.
     output: Vec<Value>,
     message: Option<OpenMessage>,
 }
 
+/// The streamed Responses answer.
+pub type ResponsesStream = Stream<ResponsesRender>;
+
 impl ResponsesStream {
-    pub fn new(meta: Meta, tools: bool) -> Self {
-        ResponsesStream {
+    pub fn new(meta: Meta, tools: Tools) -> Self {
+        Stream::of(
+            Turn::new(tools, ToolChoice::Auto),
+            ResponsesRender::new(meta),
+        )
+    }
+}
+
+impl ResponsesRender {
+    pub fn new(meta: Meta) -> Self {
+        ResponsesRender {
             meta,
-            tools: tools.then(ToolCallParser::new),
             sequence: 0,
             output: Vec::new(),
             message: None,
@@ -101,45 +111,38 @@ impl ResponsesStream {
         self.output.push(item);
     }
 
-    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<Bytes>) {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => self.text_delta(t, out),
-                Piece::Call(call) => {
-                    self.close_message(out);
-                    let index = self.output.len();
-                    let mut item = function_call_item(&call, "in_progress");
-                    let id = item["id"].clone();
-                    out.push(self.event(
-                        "response.output_item.added",
-                        json!({ "output_index": index, "item": item }),
-                    ));
-                    out.push(self.event(
-                        "response.function_call_arguments.delta",
-                        json!({
-                            "item_id": id, "output_index": index, "delta": call.arguments,
-                        }),
-                    ));
-                    out.push(self.event(
-                        "response.function_call_arguments.done",
-                        json!({
-                            "item_id": id, "output_index": index, "arguments": call.arguments,
-                        }),
-                    ));
-                    item["arguments"] = json!(call.arguments);
-                    item["status"] = json!("completed");
-                    out.push(self.event(
-                        "response.output_item.done",
-                        json!({ "output_index": index, "item": item }),
-                    ));
-                    self.output.push(item);
-                }
-            }
-        }
+    fn function_call(&mut self, call: &ParsedCall, out: &mut Vec<Bytes>) {
+        self.close_message(out);
+        let index = self.output.len();
+        let mut item = function_call_item(call, "in_progress");
+        let id = item["id"].clone();
+        out.push(self.event(
+            "response.output_item.added",
+            json!({ "output_index": index, "item": item }),
+        ));
+        out.push(self.event(
+            "response.function_call_arguments.delta",
+            json!({
+                "item_id": id, "output_index": index, "delta": call.arguments,
+            }),
+        ));
+        out.push(self.event(
+            "response.function_call_arguments.done",
+            json!({
+                "item_id": id, "output_index": index, "arguments": call.arguments,
+            }),
+        ));
+        item["arguments"] = json!(call.arguments);
+        item["status"] = json!("completed");
+        out.push(self.event(
+            "response.output_item.done",
+            json!({ "output_index": index, "item": item }),
+        ));
+        self.output.push(item);
     }
 }
 
-impl SseEncoder for ResponsesStream {
+impl Render for ResponsesRender {
     fn open(&mut self) -> Vec<Bytes> {
         let response = self.meta.response("in_progress", &[], None);
         vec![
@@ -148,34 +151,24 @@ impl SseEncoder for ResponsesStream {
         ]
     }
 
-    fn text(&mut self, text: String) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        match self.tools.as_mut() {
-            None => self.text_delta(text, &mut out),
-            Some(parser) => {
-                let pieces = parser.push(&text);
-                self.pieces(pieces, &mut out);
-            }
+    fn out(&mut self, out: Out, frames: &mut Vec<Bytes>) {
+        match out {
+            Out::Text(t) => self.text_delta(t, frames),
+            Out::Call { call, .. } => self.function_call(&call, frames),
         }
-        out
     }
 
-    fn done(&mut self, summary: Summary) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if let Some(parser) = self.tools.as_mut() {
-            let pieces = parser.finish();
-            self.pieces(pieces, &mut out);
-        }
-        self.close_message(&mut out);
+    fn done(&mut self, ending: &Ending, out: &mut Vec<Bytes>) {
+        self.close_message(out);
+        let summary = &ending.summary;
         let status = status_of(&summary.finish);
-        let response = self.meta.response(status, &self.output, Some(&summary));
+        let response = self.meta.response(status, &self.output, Some(summary));
         let kind = if status == "completed" {
             "response.completed"
         } else {
             "response.incomplete"
         };
         out.push(self.event(kind, json!({ "response": response })));
-        out
     }
 
     fn failed(&mut self, message: String) -> Vec<Bytes> {
@@ -184,13 +177,33 @@ impl SseEncoder for ResponsesStream {
             json!({ "code": "server_error", "message": message, "param": null }),
         )]
     }
+
+    fn whole(self, whole: Whole) -> Value {
+        let mut output = Vec::new();
+        if let Some(text) = whole.content.filter(|t| !t.is_empty()) {
+            output.push(message_item(
+                &format!("msg_{}", random_hex()),
+                &text,
+                "completed",
+            ));
+        }
+        output.extend(
+            whole
+                .calls
+                .iter()
+                .map(|c| function_call_item(c, "completed")),
+        );
+        let summary = &whole.ending.summary;
+        self.meta
+            .response(status_of(&summary.finish), &output, Some(summary))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::sse::tests::decode;
-    use crate::job::Finish;
+    use crate::job::{Finish, Summary};
 
     fn meta() -> Meta {
         Meta {
@@ -209,7 +222,7 @@ mod tests {
 
     #[test]
     fn text_then_a_function_call_become_two_output_items() {
-        let mut enc = ResponsesStream::new(meta(), true);
+        let mut enc = ResponsesStream::new(meta(), Tools::Offered);
         let mut frames = enc.open();
         frames.extend(enc.text("On it.".into()));
         frames.extend(
@@ -251,7 +264,7 @@ mod tests {
 
     #[test]
     fn a_cut_answer_is_incomplete() {
-        let mut enc = ResponsesStream::new(meta(), false);
+        let mut enc = ResponsesStream::new(meta(), Tools::Absent);
         let mut frames = enc.text("abc".into());
         frames.extend(enc.done(Summary::for_test(Finish::Length, 3)));
         let last = decode(&frames).pop().unwrap();

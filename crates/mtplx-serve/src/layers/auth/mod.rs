@@ -1,47 +1,30 @@
 //! API key auth: with a key configured, every request but `GET /health` must carry it as
 //! `Authorization: Bearer KEY` or `x-api-key: KEY` (Anthropic clients), else 401.
 
-use std::convert::Infallible;
-use std::future::{ready, Future};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use http::{header, Method, Request, Response};
-use tower::{Layer, Service};
+use http::{header, Method, Request};
 
+use super::guard::{Guard, GuardLayer, Guarded};
 use crate::body::Body;
-use crate::error::{ApiError, ErrorFormat};
+use crate::error::ApiError;
 
+/// The key every request must present, if any.
 #[derive(Debug, Clone)]
-pub struct AuthLayer {
+pub struct ApiKey {
     key: Option<Arc<str>>,
 }
+
+pub type AuthLayer = GuardLayer<ApiKey>;
+pub type Auth<S> = Guarded<S, ApiKey>;
 
 impl AuthLayer {
     /// `None` lets everything through.
     pub fn new(key: Option<String>) -> Self {
-        AuthLayer {
+        GuardLayer::of(ApiKey {
             key: key.filter(|k| !k.is_empty()).map(Arc::from),
-        }
+        })
     }
-}
-
-impl<S> Layer<S> for AuthLayer {
-    type Service = Auth<S>;
-
-    fn layer(&self, inner: S) -> Auth<S> {
-        Auth {
-            inner,
-            key: self.key.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Auth<S> {
-    inner: S,
-    key: Option<Arc<str>>,
 }
 
 /// Compares without stopping at the first difference.
@@ -66,28 +49,18 @@ fn exempt<B>(req: &Request<B>) -> bool {
     matches!(*req.method(), Method::GET | Method::HEAD) && req.uri().path() == "/health"
 }
 
-impl<S> Service<Request<Body>> for Auth<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+impl Guard for ApiKey {
+    type Admitted = ();
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
-        if let Some(key) = &self.key {
-            let ok = presented(&req).is_some_and(|p| same(p, key.as_bytes()));
-            if !ok && !exempt(&req) {
-                let format = ErrorFormat::for_path(req.uri().path());
-                return Box::pin(ready(Ok(ApiError::unauthorized().into_response_as(format))));
+    fn admit(&self, req: &mut Request<Body>) -> Result<(), ApiError> {
+        match &self.key {
+            Some(key)
+                if !exempt(req) && !presented(req).is_some_and(|p| same(p, key.as_bytes())) =>
+            {
+                Err(ApiError::unauthorized())
             }
+            _ => Ok(()),
         }
-        Box::pin(self.inner.call(req))
     }
 }
 

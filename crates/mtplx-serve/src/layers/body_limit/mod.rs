@@ -1,21 +1,17 @@
-//! Body limit: a request whose `Content-Length` is over the limit is refused at once with
-//! a 413; a body without a length is cut off at the limit, and the handler reading it
-//! answers 413 (see [`crate::api::read_json`]).
+//! Body limit, by tower-http's `RequestBodyLimit`: a request whose `Content-Length` is over
+//! the limit is refused at once with a 413; a body without a length is cut off at the
+//! limit, and the handler reading it answers 413 (see [`crate::api::read_json`]). A
+//! [`Refusal`] renders both in the API's error shape, naming the limit.
 
-mod body;
+use http::{Request, Response, StatusCode};
+use tower::util::{MapRequest, MapResponse};
+use tower::Layer;
+use tower_http::body::Limited;
+use tower_http::limit::{RequestBodyLimit, ResponseBody};
 
-use std::convert::Infallible;
-use std::future::{ready, Future};
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use http::{header, Request, Response};
-use tower::{Layer, Service};
-
-pub use body::{BodyTooLarge, Limited};
-
+use super::guard::{Guarded, Refusal};
 use crate::body::Body;
-use crate::error::{ApiError, ErrorFormat};
+use crate::error::ApiError;
 
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimitLayer {
@@ -28,60 +24,38 @@ impl BodyLimitLayer {
     }
 }
 
+type ToBody = fn(Request<Limited<Body>>) -> Request<Body>;
+type FromLimit = fn(Response<ResponseBody<Body>>) -> Response<Body>;
+
+/// tower-http's limit over `S`, its refusals in the API's error shape.
+pub type BodyLimit<S> =
+    Guarded<MapResponse<RequestBodyLimit<MapRequest<S, ToBody>>, FromLimit>, Refusal>;
+
 impl<S> Layer<S> for BodyLimitLayer {
     type Service = BodyLimit<S>;
 
     fn layer(&self, inner: S) -> BodyLimit<S> {
-        BodyLimit {
-            inner,
-            limit: self.limit,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct BodyLimit<S> {
-    inner: S,
-    limit: usize,
-}
-
-impl<S> Service<Request<Body>> for BodyLimit<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > self.limit as u64) {
-            let format = ErrorFormat::for_path(req.uri().path());
-            let res = ApiError::payload_too_large(self.limit).into_response_as(format);
-            return Box::pin(ready(Ok(res)));
-        }
-        let limit = self.limit;
-        let req = req.map(|b| Body::new(Limited::new(b, limit)));
-        Box::pin(self.inner.call(req))
+        let to_body: ToBody = |req| req.map(Body::new);
+        let from_limit: FromLimit = |res| res.map(Body::new);
+        let limited = RequestBodyLimit::new(MapRequest::new(inner, to_body), self.limit);
+        let too_large = ApiError::payload_too_large(self.limit);
+        Guarded::of(
+            MapResponse::new(limited, from_limit),
+            Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, too_large),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
 
     use bytes::Bytes;
     use hyper::body::Frame;
-    use tower::{ServiceBuilder, ServiceExt};
+    use tower::{Service, ServiceBuilder, ServiceExt};
 
     use super::*;
     use crate::layers::testing::{body_text, echo};
@@ -128,6 +102,17 @@ mod tests {
         let req = Request::post("/x").body(Body::new(chunks)).unwrap();
         let res = svc().oneshot(req).await.unwrap();
         assert_eq!(body_text(res).await, "12345678");
+    }
+
+    #[tokio::test]
+    async fn a_cut_off_body_names_the_limit_in_the_paths_shape() {
+        let chunks = Chunks(["12345", "6789"].map(Bytes::from).into());
+        let req = Request::post("/v1/messages")
+            .body(Body::new(chunks))
+            .unwrap();
+        let text = body_text(svc().oneshot(req).await.unwrap()).await;
+        assert!(text.contains("limit of 8 bytes"), "{text}");
+        assert!(text.contains("\"type\":\"error\""), "{text}");
     }
 
     #[tokio::test]

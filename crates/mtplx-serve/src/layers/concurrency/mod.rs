@@ -4,98 +4,83 @@
 
 mod body;
 
-use std::convert::Infallible;
-use std::future::{ready, Future};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tokio::sync::Semaphore;
-use tower::{Layer, Service};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use body::PermitBody;
 
+use super::guard::{Guard, GuardLayer, Guarded};
 use crate::body::Body;
-use crate::error::{ApiError, ErrorFormat};
+use crate::error::ApiError;
 
 /// Seconds a refused client is told to wait.
 pub const RETRY_AFTER_S: u64 = 1;
 
+/// The slots requests take; clones share them.
 #[derive(Debug, Clone)]
-pub struct ConcurrencyLimitLayer {
-    max: usize,
-}
-
-impl ConcurrencyLimitLayer {
-    pub fn new(max: usize) -> Self {
-        ConcurrencyLimitLayer { max }
-    }
-}
-
-impl<S> Layer<S> for ConcurrencyLimitLayer {
-    type Service = ConcurrencyLimit<S>;
-
-    fn layer(&self, inner: S) -> ConcurrencyLimit<S> {
-        ConcurrencyLimit::new(inner, self.max)
-    }
-}
-
-/// Clones share one semaphore.
-#[derive(Debug, Clone)]
-pub struct ConcurrencyLimit<S> {
-    inner: S,
+pub struct Slots {
     slots: Arc<Semaphore>,
     max: usize,
 }
 
+impl Slots {
+    pub fn new(max: usize) -> Self {
+        Slots::shared(Arc::new(Semaphore::new(max)), max)
+    }
+
+    pub fn shared(slots: Arc<Semaphore>, max: usize) -> Self {
+        Slots { slots, max }
+    }
+}
+
+/// The services this layer makes share its slots.
+pub type ConcurrencyLimitLayer = GuardLayer<Slots>;
+/// Clones share one semaphore.
+pub type ConcurrencyLimit<S> = Guarded<S, Slots>;
+
+impl ConcurrencyLimitLayer {
+    pub fn new(max: usize) -> Self {
+        GuardLayer::of(Slots::new(max))
+    }
+}
+
 impl<S> ConcurrencyLimit<S> {
     pub fn new(inner: S, max: usize) -> Self {
-        ConcurrencyLimit::shared(inner, Arc::new(Semaphore::new(max)), max)
+        Guarded::of(inner, Slots::new(max))
     }
 
     /// A limit over `slots`, which other services may share (every app built from one
     /// [`crate::AppState`] shares its slots).
     pub fn shared(inner: S, slots: Arc<Semaphore>, max: usize) -> Self {
-        ConcurrencyLimit { inner, slots, max }
+        Guarded::of(inner, Slots::shared(slots, max))
     }
 
     /// Requests in flight now.
     pub fn active(&self) -> usize {
-        self.max - self.slots.available_permits()
+        let s = self.guard();
+        s.max - s.slots.available_permits()
     }
 }
 
-impl<S> Service<Request<Body>> for ConcurrencyLimit<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+impl Guard for Slots {
+    type Admitted = OwnedSemaphorePermit;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            let format = ErrorFormat::for_path(req.uri().path());
-            let e = ApiError::overloaded(
+    fn admit(&self, _: &mut Request<Body>) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.slots.clone().try_acquire_owned().map_err(|_| {
+            ApiError::overloaded(
                 format!(
                     "Too many active requests (the limit is {}); retry in {RETRY_AFTER_S} s.",
                     self.max
                 ),
                 RETRY_AFTER_S,
-            );
-            return Box::pin(ready(Ok(e.into_response_as(format))));
-        };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let res = fut.await?;
-            Ok(res.map(|b| Body::new(PermitBody::new(b, permit))))
+            )
         })
+    }
+
+    fn finish(permit: OwnedSemaphorePermit, res: Response<Body>) -> Response<Body> {
+        res.map(|b| Body::new(PermitBody::new(b, permit)))
     }
 }
 

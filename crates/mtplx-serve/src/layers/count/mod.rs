@@ -1,69 +1,42 @@
 //! Request counting: every response is counted in [`Metrics`] by route label and status,
 //! including the ones that outer layers (auth, body limit) produce.
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tower::{Layer, Service};
 
+use super::guard::{Guard, GuardLayer, Guarded};
 use crate::body::Body;
+use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::router::label_of;
 
+/// Where requests are counted.
 #[derive(Debug, Clone)]
-pub struct CountLayer {
+pub struct Counter {
     metrics: Arc<Metrics>,
 }
+
+pub type CountLayer = GuardLayer<Counter>;
+pub type Count<S> = Guarded<S, Counter>;
 
 impl CountLayer {
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        CountLayer { metrics }
+        GuardLayer::of(Counter { metrics })
     }
 }
 
-impl<S> Layer<S> for CountLayer {
-    type Service = Count<S>;
+impl Guard for Counter {
+    type Admitted = (Arc<Metrics>, &'static str);
 
-    fn layer(&self, inner: S) -> Count<S> {
-        Count {
-            inner,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Count<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-}
-
-impl<S> Service<Request<Body>> for Count<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn admit(&self, req: &mut Request<Body>) -> Result<Self::Admitted, ApiError> {
         let label = label_of(req.method(), req.uri().path());
-        let metrics = self.metrics.clone();
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let res = fut.await?;
-            metrics.count_request(label, res.status().as_u16());
-            Ok(res)
-        })
+        Ok((self.metrics.clone(), label))
+    }
+
+    fn finish((metrics, label): Self::Admitted, res: Response<Body>) -> Response<Body> {
+        metrics.count_request(label, res.status().as_u16());
+        res
     }
 }
 

@@ -1,17 +1,14 @@
-//! Timeout: a response that has not started within the limit becomes a 504 in the API's
-//! error shape, and the dropped handler cancels its generation.
+//! Timeout, by tower-http's `Timeout`: a response that has not started within the limit
+//! becomes a 504, which a [`Refusal`] renders in the API's error shape; the dropped handler
+//! cancels its generation.
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
-use tower::{Layer, Service};
+use http::StatusCode;
+use tower::Layer;
 
-use crate::body::Body;
-use crate::error::{ApiError, ErrorFormat};
+use super::guard::{Guarded, Refusal};
+use crate::error::ApiError;
 
 #[derive(Debug, Clone, Copy)]
 pub struct TimeoutLayer {
@@ -24,54 +21,30 @@ impl TimeoutLayer {
     }
 }
 
+/// tower-http's timeout over `S`, its 504 in the API's error shape.
+pub type Timeout<S> = Guarded<tower_http::timeout::Timeout<S>, Refusal>;
+
 impl<S> Layer<S> for TimeoutLayer {
     type Service = Timeout<S>;
 
     fn layer(&self, inner: S) -> Timeout<S> {
-        Timeout {
-            inner,
-            limit: self.limit,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Timeout<S> {
-    inner: S,
-    limit: Duration,
-}
-
-impl<S> Service<Request<Body>> for Timeout<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let format = ErrorFormat::for_path(req.uri().path());
-        let limit = self.limit;
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            match tokio::time::timeout(limit, fut).await {
-                Ok(res) => res,
-                Err(_) => Ok(ApiError::timeout(limit.as_secs_f64()).into_response_as(format)),
-            }
-        })
+        let status = StatusCode::GATEWAY_TIMEOUT;
+        Guarded::of(
+            tower_http::timeout::Timeout::with_status_code(inner, status, self.limit),
+            Refusal::new(status, ApiError::timeout(self.limit.as_secs_f64())),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
+    use http::{Request, Response};
     use tower::{ServiceBuilder, ServiceExt};
 
     use super::*;
+    use crate::body::Body;
     use crate::layers::testing::{body_text, echo};
 
     #[tokio::test(start_paused = true)]
