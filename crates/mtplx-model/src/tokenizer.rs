@@ -11,6 +11,7 @@ mod hf;
 mod parts;
 mod pieces;
 mod pretokenizer;
+mod special;
 mod stream;
 
 use std::path::Path;
@@ -19,28 +20,12 @@ use std::sync::Arc;
 use candle_core::quantized::gguf_file;
 
 pub use error::TokenizerError;
+pub use special::{Special, SpecialText};
 pub use stream::StreamDecoder;
 
 use parts::{HfTokenizer, Parts};
 use pieces::TokenPieces;
 
-/// How [`Tokenizer::encode`] reads text that spells a special token (`<|im_start|>`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Special {
-    /// As the special token's id (a rendered chat template).
-    Parse,
-    /// As plain text (a user's message, a file).
-    AsText,
-}
-
-/// What [`Tokenizer::decode`] and [`Tokenizer::stream_decoder`] do with special tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpecialText {
-    /// Leave them out (what a client is shown).
-    Skip,
-    /// Write their text.
-    Keep,
-}
 /// Texts of the tokens that end a chat turn; any of them that is a special token of the
 /// vocabulary stops generation (llama.cpp's end-of-generation list).
 const END_OF_TURN: &[&str] = &[

@@ -267,8 +267,8 @@ mod tests {
     use candle_core::quantized::gguf_file::VersionedMagic;
 
     use super::super::pieces::char_of_byte;
+    use super::super::special::{Special, SpecialText};
     use super::super::Tokenizer;
-    use super::super::{Special, SpecialText};
     use super::*;
 
     /// A tiny byte-level vocabulary: every byte char, a few merges, two control tokens.

@@ -223,7 +223,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::tokenizer::SpecialText;
+    use crate::tokenizer::special::SpecialText;
 
     #[test]
     fn decoder_kinds() {

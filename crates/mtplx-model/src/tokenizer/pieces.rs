@@ -5,7 +5,7 @@
 //! drives [`StreamDecoder`](super::StreamDecoder), so streamed text always equals the text
 //! decoded at once.
 
-use super::SpecialText;
+use super::special::SpecialText;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 

@@ -1,6 +1,6 @@
 //! Incremental detokenizing for streamed responses.
 
-use super::SpecialText;
+use super::special::SpecialText;
 use std::sync::Arc;
 
 use super::pieces::{strip_start, TokenPieces};
