@@ -6,9 +6,11 @@
 //!   step (`peer.rs`): llama.cpp's llama-bench on the same file and threads. `peer` runs
 //!   the peer step alone.
 //! - `cold-bench`: the SSD tier's restore, write and overhead figures (`cold_bench.rs`).
-//! - `train-mtp`: train the default model's MTP head (`train_mtp.rs`).
+//! - `train-mtp`: train the default model's MTP head (`train_mtp/`).
 //! - `mtp-corpus`: the tokenized corpus of the GPU recipe for the MTP head (`mtp_corpus.rs`).
-//! - `tidy`: the rules a machine can check (`tidy.rs`); its tests run with the others.
+//! - `tidy`: the rules a machine can check (`tidy/`); its tests run with the others.
+//! - `make-hybrid`: a small seeded Qwen3-Next checkpoint under the published names
+//!   (`make_hybrid.rs`).
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -16,6 +18,7 @@ use clap::{Parser, Subcommand};
 use run::{cargo, fetch_model};
 
 mod cold_bench;
+mod make_hybrid;
 mod mtp_corpus;
 mod peer;
 mod run;
@@ -47,6 +50,8 @@ enum Task {
     },
     /// llama.cpp's llama-bench on the same file and threads, beside mtplx's own figures.
     Peer(peer::PeerArgs),
+    /// Write a small seeded Qwen3-Next checkpoint under the published names.
+    MakeHybrid(make_hybrid::MakeHybridArgs),
     /// The tidy checks (dependency allow-lists, file sizes, module docs, the hasher, import
     /// cycles): prints every violation.
     Tidy,
@@ -71,6 +76,7 @@ fn main() -> Result<()> {
             _ => peer::run(&fetch_model()?, &args)?,
         },
         Task::Tidy => tidy::run()?,
+        Task::MakeHybrid(args) => make_hybrid::run(&args)?,
         Task::FetchModel => {
             fetch_model()?;
         }

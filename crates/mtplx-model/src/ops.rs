@@ -74,7 +74,10 @@ pub fn silu_mul_halves(gate_up: &[f32], width: usize, out: &mut [f32]) {
 
 /// Cosine and sine tables for rotary position embeddings.
 pub struct Rope {
+    /// Half the rotated dimensions (`rotary_dim / 2`): the width of a table row.
     half: usize,
+    /// Width of a head; the dimensions past the rotated ones pass through.
+    head_dim: usize,
     style: RopeStyle,
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -82,12 +85,26 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(head_dim: usize, theta: f32, max_positions: usize, style: RopeStyle) -> Self {
-        let half = head_dim / 2;
+        Self::partial(head_dim, head_dim, theta, max_positions, style)
+    }
+
+    /// Rotary embedding of the first `rotary_dim` dimensions of each head only (Qwen3-Next's
+    /// `partial_rotary_factor`): frequencies `theta^(-2i / rotary_dim)`, pairs taken within
+    /// those dimensions; the rest of the head passes through unchanged.
+    pub fn partial(
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+        max_positions: usize,
+        style: RopeStyle,
+    ) -> Self {
+        let rotary_dim = rotary_dim.min(head_dim) & !1;
+        let half = rotary_dim / 2;
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for p in 0..max_positions {
             for i in 0..half {
-                let inv_freq = (theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
+                let inv_freq = (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64);
                 let a = p as f64 * inv_freq;
                 cos.push(a.cos() as f32);
                 sin.push(a.sin() as f32);
@@ -95,13 +112,19 @@ impl Rope {
         }
         Rope {
             half,
+            head_dim,
             style,
             cos,
             sin,
         }
     }
 
-    /// The cosine and sine tables, `[max_positions, head_dim / 2]` each.
+    /// Dimensions of each head that are rotated (the head width unless partial).
+    pub fn rotary_dim(&self) -> usize {
+        self.half * 2
+    }
+
+    /// The cosine and sine tables, `[max_positions, rotary_dim / 2]` each.
     pub fn tables(&self) -> (&[f32], &[f32]) {
         (&self.cos, &self.sin)
     }
@@ -111,12 +134,12 @@ impl Rope {
     }
 
     pub fn max_positions(&self) -> usize {
-        self.cos.len() / self.half
+        self.cos.len() / self.half.max(1)
     }
 
     /// Rotates `x` (`[n, heads, head_dim]`, row `r` at position `first_pos + r`) in place.
     pub fn apply(&self, x: &mut [f32], heads: usize, first_pos: usize) {
-        let hd = self.half * 2;
+        let hd = self.head_dim;
         for (r, row) in x.chunks_exact_mut(heads * hd).enumerate() {
             let p = first_pos + r;
             let cos = &self.cos[p * self.half..(p + 1) * self.half];
@@ -184,5 +207,23 @@ mod tests {
         let mut x = vec![1.0, 2.0, 3.0, 4.0];
         Rope::new(4, 10_000.0, 2, RopeStyle::Half).apply(&mut x, 1, 0);
         assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn partial_rotary_rotates_the_first_dims_as_a_narrower_head_and_passes_the_rest() {
+        let (hd, rot, heads) = (16, 4, 3);
+        let x: Vec<f32> = (0..2 * heads * hd)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let mut got = x.clone();
+        Rope::partial(hd, rot, 10_000.0, 16, RopeStyle::Half).apply(&mut got, heads, 7);
+        // The first `rot` dimensions of every head: a rope over heads `rot` wide.
+        let mut narrow: Vec<f32> = x.chunks(hd).flat_map(|h| h[..rot].to_vec()).collect();
+        Rope::new(rot, 10_000.0, 16, RopeStyle::Half).apply(&mut narrow, heads, 7);
+        for (h, (g, x)) in got.chunks(hd).zip(x.chunks(hd)).enumerate() {
+            assert_eq!(&g[..rot], &narrow[h * rot..(h + 1) * rot], "head {h}");
+            assert_eq!(&g[rot..], &x[rot..], "head {h}: the tail passes through");
+        }
+        assert_ne!(got, x);
     }
 }

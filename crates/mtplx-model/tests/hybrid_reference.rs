@@ -23,6 +23,8 @@ enum Variant {
     ReadBeforeDecay,
     /// The convolution's kernel applied the wrong way round in time.
     ConvReversed,
+    /// Rotary embedding over the whole head instead of its first `partial_rotary_factor`.
+    FullRotary,
 }
 
 fn matvec(w: &[f32], rows: usize, x: &[f64]) -> Vec<f64> {
@@ -122,7 +124,7 @@ impl<'a> Reference<'a> {
                     gdn(c, g, &normed, inputs, s, self.variant)
                 }
                 (MixerWeights::FullAttention(a), LayerState::Attention { keys, values }) => {
-                    attention(c, a, &normed, self.pos, keys, values)
+                    attention(c, a, &normed, self.pos, keys, values, self.variant)
                 }
                 _ => unreachable!(),
             };
@@ -227,6 +229,7 @@ fn attention(
     pos: usize,
     keys: &mut Vec<Vec<f64>>,
     values: &mut Vec<Vec<f64>>,
+    variant: Variant,
 ) -> Vec<f64> {
     let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     let qg = matvec(&w.q_proj, 2 * nh * hd, x);
@@ -234,12 +237,19 @@ fn attention(
     let k = matvec(&w.k_proj, nkv * hd, x);
     let v = matvec(&w.v_proj, nkv * hd, x);
     let eps = c.rms_norm_eps as f64;
+    // Partial rotary (Qwen3-Next): the first `rot` dimensions rotate, pairs (i, i + rot/2),
+    // frequencies over `rot`; the rest of the head passes through.
+    let rot = if variant == Variant::FullRotary {
+        hd
+    } else {
+        ((hd as f64 * c.partial_rotary_factor as f64) as usize).min(hd) & !1
+    };
     let rotate = |head: &[f64], norm: &[f32]| -> Vec<f64> {
         let n = rms_norm(head, norm, eps);
-        let half = hd / 2;
+        let half = rot / 2;
         let mut r = n.clone();
         for i in 0..half {
-            let inv_freq = (c.rope_theta as f64).powf(-((2 * i) as f64) / hd as f64);
+            let inv_freq = (c.rope_theta as f64).powf(-((2 * i) as f64) / rot as f64);
             let (cos, sin) = ((pos as f64 * inv_freq).cos(), (pos as f64 * inv_freq).sin());
             r[i] = n[i] * cos - n[i + half] * sin;
             r[i + half] = n[i] * sin + n[i + half] * cos;
@@ -332,7 +342,11 @@ fn the_model_matches_an_independent_float64_implementation() {
         err < TOLERANCE,
         "model vs reference: relative error {err:e}"
     );
-    for wrong in [Variant::ReadBeforeDecay, Variant::ConvReversed] {
+    for wrong in [
+        Variant::ReadBeforeDecay,
+        Variant::ConvReversed,
+        Variant::FullRotary,
+    ] {
         let err = worst_error(&got, &reference(wrong));
         eprintln!("{wrong:?}: relative error {err:e}");
         assert!(
@@ -340,4 +354,113 @@ fn the_model_matches_an_independent_float64_implementation() {
             "{wrong:?}: the tolerance cannot tell it apart ({err:e})"
         );
     }
+}
+
+/// Reads a Qwen3-Next folder's `model.safetensors` as transformers' forward pass reads it,
+/// written without the loader's code: `in_proj_qkvz` viewed as `[k_heads, 2dk + 2r·dv]`
+/// and split per key head, `in_proj_ba` as `[k_heads, 2r]`, `q_proj` as `[heads, 2hd]`,
+/// zero-centred norms as `1 + w`; then regrouped into the reference's weights.
+fn published_weights(dir: &std::path::Path, c: &HybridConfig) -> HybridWeights {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str| -> Vec<f32> {
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let one_plus = |v: Vec<f32>| v.into_iter().map(|w| 1.0 + w).collect::<Vec<_>>();
+    let h = c.hidden_size;
+    // Row `i` of a `[_, h]` matrix.
+    let row = |m: &[f32], i: usize| m[i * h..(i + 1) * h].to_vec();
+    let mut w = HybridWeights::random(c, 0);
+    w.embed = get("model.embed_tokens.weight");
+    w.final_norm = one_plus(get("model.norm.weight"));
+    w.lm_head = get("lm_head.weight");
+    let (nk, dk, dv) = (
+        c.linear_num_key_heads,
+        c.linear_key_head_dim,
+        c.linear_value_head_dim,
+    );
+    let r = c.linear_num_value_heads / nk;
+    for (l, lw) in w.layers.iter_mut().enumerate() {
+        let p = |n: &str| format!("model.layers.{l}.{n}");
+        lw.input_norm = one_plus(get(&p("input_layernorm.weight")));
+        lw.post_attention_norm = one_plus(get(&p("post_attention_layernorm.weight")));
+        lw.mlp.gate = get(&p("mlp.gate_proj.weight"));
+        lw.mlp.up = get(&p("mlp.up_proj.weight"));
+        lw.mlp.down = get(&p("mlp.down_proj.weight"));
+        match &mut lw.mixer {
+            MixerWeights::GatedDeltaNet(g) => {
+                let qkvz = get(&p("linear_attn.in_proj_qkvz.weight"));
+                let group = 2 * dk + 2 * r * dv;
+                let (mut q, mut k, mut v, mut z) = (vec![], vec![], vec![], vec![]);
+                for kh in 0..nk {
+                    let rows = |a: usize, b: usize| {
+                        (kh * group + a..kh * group + b).flat_map(|i| row(&qkvz, i))
+                    };
+                    q.extend(rows(0, dk));
+                    k.extend(rows(dk, 2 * dk));
+                    v.extend(rows(2 * dk, 2 * dk + r * dv));
+                    z.extend(rows(2 * dk + r * dv, group));
+                }
+                g.in_proj_qkvz = [q, k, v, z].concat();
+                let ba = get(&p("linear_attn.in_proj_ba.weight"));
+                let (mut b, mut a) = (vec![], vec![]);
+                for kh in 0..nk {
+                    b.extend((kh * 2 * r..kh * 2 * r + r).flat_map(|i| row(&ba, i)));
+                    a.extend((kh * 2 * r + r..(kh + 1) * 2 * r).flat_map(|i| row(&ba, i)));
+                }
+                g.in_proj_ba = [b, a].concat();
+                g.conv1d = get(&p("linear_attn.conv1d.weight"));
+                g.dt_bias = get(&p("linear_attn.dt_bias"));
+                g.a_log = get(&p("linear_attn.A_log"));
+                g.norm = get(&p("linear_attn.norm.weight"));
+                g.out_proj = get(&p("linear_attn.out_proj.weight"));
+            }
+            MixerWeights::FullAttention(a) => {
+                let qg = get(&p("self_attn.q_proj.weight"));
+                let hd = c.head_dim;
+                let (mut q, mut gate) = (vec![], vec![]);
+                for head in 0..c.num_attention_heads {
+                    let base = head * 2 * hd;
+                    q.extend((base..base + hd).flat_map(|i| row(&qg, i)));
+                    gate.extend((base + hd..base + 2 * hd).flat_map(|i| row(&qg, i)));
+                }
+                a.q_proj = [q, gate].concat();
+                a.k_proj = get(&p("self_attn.k_proj.weight"));
+                a.v_proj = get(&p("self_attn.v_proj.weight"));
+                a.o_proj = get(&p("self_attn.o_proj.weight"));
+                a.q_norm = one_plus(get(&p("self_attn.q_norm.weight")));
+                a.k_norm = one_plus(get(&p("self_attn.k_norm.weight")));
+            }
+        }
+    }
+    w
+}
+
+#[test]
+fn a_checkpoint_loaded_under_the_published_names_matches_the_reference() {
+    let config = HybridConfig::tiny();
+    let weights = HybridWeights::random(&config, 23);
+    let dir = tempfile::tempdir().unwrap();
+    mtplx_model::hybrid::hf::save(dir.path(), &config, &weights).unwrap();
+    // The user's path: the folder through the loader.
+    let model = HybridModel::load(dir.path()).unwrap();
+    let ids = tokens(120, config.vocab_size, 0x51ED_270B);
+    let mut cache = HybridCache::new(&config, &CacheFactory::paged(), CheckpointPolicy::OnDemand);
+    let out = model.forward(&ids, &mut cache, Want::All).unwrap();
+    let got: Vec<Vec<f32>> = (0..out.rows).map(|r| out.logits_row(r).to_vec()).collect();
+    // The reference reads the file its own way.
+    let published = published_weights(dir.path(), &config);
+    let mut reference = Reference::new(&config, &published, Variant::Exact);
+    let want: Vec<Vec<f64>> = ids.iter().map(|&t| reference.step(t)).collect();
+    let err = worst_error(&got, &want);
+    eprintln!("loaded checkpoint: relative error {err:e}");
+    assert!(
+        err < TOLERANCE,
+        "loaded vs reference: relative error {err:e}"
+    );
 }

@@ -12,8 +12,9 @@ pub enum LayerKind {
     FullAttention,
 }
 
-/// The dimensions of a Qwen3-Next-style hybrid decoder (field names follow Qwen3-Next's
-/// `config.json`).
+/// The dimensions of a Qwen3-Next-style hybrid decoder (most field names follow Qwen3-Next's
+/// `config.json`; `num_layers` is its `num_hidden_layers`, `context_length` its
+/// `max_position_embeddings`: `hybrid::hf` reads and writes the published keys).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HybridConfig {
     pub vocab_size: usize,
@@ -24,10 +25,16 @@ pub struct HybridConfig {
     /// Every `full_attention_interval`-th layer (1-based) is full attention, the others
     /// gated delta nets: 4 gives 3 GDN + 1 attention, repeated.
     pub full_attention_interval: usize,
+    /// Each layer's kind, when the checkpoint lists them (`layer_types`); it then wins over
+    /// the interval.
+    pub layer_types: Option<Vec<LayerKind>>,
     pub rms_norm_eps: f32,
     /// Positions the attention layers' rotary tables cover.
     pub context_length: usize,
     pub rope_theta: f32,
+    /// Share of each attention head's dimensions that are rotated (Qwen3-Next: 0.25); the
+    /// rest pass through. See [`HybridConfig::rotary_dim`].
+    pub partial_rotary_factor: f32,
     /// Attention layers: query heads, K/V heads, head width.
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
@@ -39,6 +46,8 @@ pub struct HybridConfig {
     pub linear_value_head_dim: usize,
     /// Width of the depthwise causal convolution over q, k and v.
     pub linear_conv_kernel_dim: usize,
+    /// Whether the output head is the embedding table.
+    pub tie_word_embeddings: bool,
 }
 
 impl HybridConfig {
@@ -51,9 +60,11 @@ impl HybridConfig {
             intermediate_size: 128,
             num_layers: 8,
             full_attention_interval: 4,
+            layer_types: None,
             rms_norm_eps: 1e-6,
             context_length: 4096,
             rope_theta: 10_000.0,
+            partial_rotary_factor: 0.5,
             num_attention_heads: 4,
             num_key_value_heads: 2,
             head_dim: 16,
@@ -62,10 +73,14 @@ impl HybridConfig {
             linear_key_head_dim: 16,
             linear_value_head_dim: 16,
             linear_conv_kernel_dim: 4,
+            tie_word_embeddings: false,
         }
     }
 
     pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        if let Some(kind) = self.layer_types.as_ref().and_then(|t| t.get(layer)) {
+            return *kind;
+        }
         if (layer + 1).is_multiple_of(self.full_attention_interval.max(1)) {
             LayerKind::FullAttention
         } else {
@@ -78,6 +93,13 @@ impl HybridConfig {
         (0..self.num_layers)
             .filter(|&l| self.layer_kind(l) == kind)
             .count()
+    }
+
+    /// Dimensions of each attention head that are rotated: `head_dim × partial_rotary_factor`
+    /// rounded down to even, as transformers does (`int(head_dim * factor)`).
+    pub fn rotary_dim(&self) -> usize {
+        let rot = (self.head_dim as f64 * self.partial_rotary_factor as f64) as usize;
+        rot.min(self.head_dim) & !1
     }
 
     /// Width of all q (or k) heads of a gated delta net.
@@ -134,5 +156,6 @@ mod tests {
         assert_eq!(c.recurrent_shapes().len(), 6);
         assert_eq!(c.recurrent_shapes()[0].conv, [128, 3]);
         assert_eq!(c.recurrent_shapes()[0].ssm, [4, 16, 16]);
+        assert_eq!(c.rotary_dim(), 8);
     }
 }

@@ -7,10 +7,11 @@
 //! in a [`HybridCache`], which also records [`Checkpoint`]s of the recurrent state (on a
 //! grid of positions and at the end of each prompt) so that it can roll back.
 //!
-//! The model is **synthetic**: no published checkpoint ships gated-delta-net weights small
-//! enough for tests, so its weights are drawn from a seed ([`HybridWeights::random`]) and
-//! it is checked against an independent float64 implementation of the same formulas
-//! (`tests/hybrid_reference.rs`). Every product runs on the batch-invariant kernels and the
+//! Its weights load from a Qwen3-Next Hugging Face folder under the published names
+//! ([`HybridModel::load`], [`hf`]); no published checkpoint is small enough for tests, so
+//! the tests draw weights from a seed ([`HybridWeights::random`], written as such a folder
+//! by `cargo xtask make-hybrid`) and check the model against an independent float64
+//! implementation of the same formulas (`tests/hybrid_reference.rs`). Every product runs on the batch-invariant kernels and the
 //! recurrence runs token by token, so a row's logits do not depend on how the tokens before
 //! it arrived: prefill chunk, checkpoint restore or KV layout (`tests/invariance_hybrid.rs`).
 //!
@@ -40,6 +41,7 @@ mod attention;
 mod cache;
 mod config;
 mod gdn;
+pub mod hf;
 mod model;
 mod weights;
 

@@ -77,9 +77,22 @@ impl HybridModel {
             layers,
             final_norm: weights.final_norm.clone(),
             lm_head: Linear::from_f32(&weights.lm_head, c.vocab_size, h, f)?,
-            rope: Rope::new(c.head_dim, c.rope_theta, c.context_length, RopeStyle::Half),
+            rope: Rope::partial(
+                c.head_dim,
+                c.rotary_dim(),
+                c.rope_theta,
+                c.context_length,
+                RopeStyle::Half,
+            ),
             config,
         })
+    }
+
+    /// Loads a Qwen3-Next Hugging Face folder (`config.json` and safetensors under the
+    /// published names, [`crate::hybrid::hf`]).
+    pub fn load(dir: &std::path::Path) -> Result<Self> {
+        let (config, weights) = crate::hybrid::hf::load(dir)?;
+        Self::new(config, &weights)
     }
 
     pub fn config(&self) -> &HybridConfig {

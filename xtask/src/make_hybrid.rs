@@ -1,0 +1,127 @@
+//! `cargo xtask make-hybrid --out DIR`: writes a small deterministic Qwen3-Next checkpoint
+//! (seeded weights, the published `config.json` keys and tensor names, as a user's own
+//! folder has them), since no package ships a hybrid model small enough for tests.
+//!
+//! Its shape: the default model's vocabulary size (49,152 ids, so its tokenizer fits), a
+//! context of 8,192 positions, 8 layers (three gated delta nets then one gated attention
+//! layer, twice), partial rotary over a quarter of each attention head as Qwen3-Next has.
+//! The weights are `HybridWeights::random(seed)`: loading the folder gives back their bits
+//! (`crates/mtplx-model/tests/hybrid_hf.rs`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use mtplx_model::hybrid::{hf, HybridConfig, HybridWeights};
+
+/// What to write.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MakeHybridArgs {
+    /// The folder to write (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// `hf` (config.json and model.safetensors); `gguf` is not written yet.
+    #[arg(long, default_value = "hf")]
+    pub format: String,
+    /// The weights' seed: the same seed writes the same bytes.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// The tests' tiny shape instead (`HybridConfig::tiny`: vocabulary 256, hidden 64), as
+    /// `tools/reference/transformers_qwen3_next.py` takes it to transformers.
+    #[arg(long)]
+    pub tiny: bool,
+}
+
+/// The checkpoint's shape.
+pub fn config() -> HybridConfig {
+    HybridConfig {
+        vocab_size: 49_152,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_layers: 8,
+        full_attention_interval: 4,
+        layer_types: None,
+        rms_norm_eps: 1e-6,
+        context_length: 8192,
+        rope_theta: 10_000.0,
+        partial_rotary_factor: 0.25,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 32,
+        linear_num_key_heads: 2,
+        linear_num_value_heads: 4,
+        linear_key_head_dim: 32,
+        linear_value_head_dim: 32,
+        linear_conv_kernel_dim: 4,
+        tie_word_embeddings: false,
+    }
+}
+
+pub fn run(args: &MakeHybridArgs) -> Result<()> {
+    if args.format != "hf" {
+        bail!(
+            "--format {}: only `hf` is written so far (GGUF waits for the qwen35 GGUF loader)",
+            args.format
+        );
+    }
+    let c = if args.tiny {
+        HybridConfig::tiny()
+    } else {
+        config()
+    };
+    let weights = HybridWeights::random(&c, args.seed);
+    hf::save(&args.out, &c, &weights)?;
+    println!(
+        "wrote a Qwen3-Next checkpoint (seed {}, {} layers, vocabulary {}, context {}) to {}",
+        args.seed,
+        c.num_layers,
+        c.vocab_size,
+        c.context_length,
+        args.out.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_a_folder_the_loader_reads_back_with_the_same_bits() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("hybrid");
+        run(&MakeHybridArgs {
+            out: out.clone(),
+            format: "hf".into(),
+            seed: 3,
+            tiny: false,
+        })
+        .unwrap();
+        let (c, w) = hf::load(&out).unwrap();
+        assert_eq!(c.context_length, 8192);
+        assert_eq!(c.rotary_dim(), 8);
+        assert_eq!(w, HybridWeights::random(&config(), 3));
+        // Deterministic: the same seed writes the same bytes.
+        let again = dir.path().join("again");
+        run(&MakeHybridArgs {
+            out: again.clone(),
+            format: "hf".into(),
+            seed: 3,
+            tiny: false,
+        })
+        .unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            assert_eq!(
+                std::fs::read(out.join(f)).unwrap(),
+                std::fs::read(again.join(f)).unwrap(),
+                "{f}"
+            );
+        }
+        let gguf = MakeHybridArgs {
+            out,
+            format: "gguf".into(),
+            seed: 3,
+            tiny: false,
+        };
+        assert!(run(&gguf).is_err());
+    }
+}
