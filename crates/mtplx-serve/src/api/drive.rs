@@ -336,10 +336,7 @@ mod tests {
     use super::*;
 
     fn call(name: &str, args: &str) -> ParsedCall {
-        ParsedCall {
-            name: name.into(),
-            arguments: args.into(),
-        }
+        ParsedCall::new(name, args)
     }
 
     #[test]

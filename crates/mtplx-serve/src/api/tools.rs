@@ -21,6 +21,14 @@ pub struct ParsedCall {
 }
 
 impl ParsedCall {
+    /// A call to `name` with `arguments` (JSON text).
+    pub fn new(name: &str, arguments: &str) -> Self {
+        ParsedCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
     /// The arguments as a JSON value (Anthropic's `input`).
     pub fn arguments_value(&self) -> Value {
         serde_json::from_str(&self.arguments).unwrap_or(Value::Object(Default::default()))
@@ -181,10 +189,7 @@ mod tests {
     use super::*;
 
     fn call(name: &str, args: &str) -> ParsedCall {
-        ParsedCall {
-            name: name.into(),
-            arguments: args.into(),
-        }
+        ParsedCall::new(name, args)
     }
 
     #[test]
