@@ -7,6 +7,7 @@ use mtplx_cold::{ColdIndex, ColdLookup, ColdQuery, Identity, MissReason as ColdM
 
 use crate::admission::{decide, spill_refusal, Admitted, Decision, MemoryEstimate, Refusal};
 use crate::candidate::Handle;
+use crate::checkpoints;
 use crate::clock::{Clock, SystemClock};
 use crate::durability::SpillsDone;
 use crate::durability::{Durability, Observer};
@@ -60,7 +61,8 @@ impl Bank {
         &self.config
     }
 
-    /// Keeps a committed state, replacing one with the same identity and tokens, then
+    /// Keeps a committed state (a hybrid one with the checkpoints of the turn it continues,
+    /// at most [`crate::MAX_CHECKPOINTS`]), replacing one with the same identity and tokens, then
     /// evicts within the budgets: expired entries, the session's oldest entries beyond its
     /// newest `max_entries_per_session`, then (in eviction order) the session's entries over
     /// its byte budget, and the bank's over its entry and byte budgets. Evicted entries are
@@ -91,6 +93,21 @@ impl Bank {
             }
             self.count_eviction("replaced");
         }
+        // A hybrid turn inherits the checkpoints of the turn it continues (its tokens a
+        // prefix of this one's), then keeps at most MAX_CHECKPOINTS.
+        let checkpoints = c.checkpoints.map(|own| {
+            let parent = store
+                .slots
+                .values()
+                .filter(|s| {
+                    s.entry.session == c.session
+                        && s.entry.digest == digest
+                        && c.tokens.starts_with(&s.entry.tokens)
+                })
+                .max_by_key(|s| s.entry.tokens.len())
+                .and_then(|s| s.entry.checkpoints.clone());
+            checkpoints::inherit(own, parent.as_deref())
+        });
         let id = store.next_id;
         store.next_id += 1;
         let session = c.session.clone();
@@ -103,7 +120,7 @@ impl Bank {
                 tokens: c.tokens,
                 kv: c.kv,
                 continuation: c.continuation,
-                checkpoints: c.checkpoints,
+                checkpoints,
             }),
             now,
             durability,
@@ -242,18 +259,26 @@ impl Bank {
         let mut out: Vec<SessionInfo> = store
             .sessions
             .iter()
-            .map(|(id, s)| SessionInfo {
-                id: id.clone(),
-                entries: s.entries,
-                bytes: s.footprint.bytes(),
-                longest_tokens: store
+            .map(|(id, s)| {
+                let entries: Vec<&Entry> = store
                     .slots
                     .values()
-                    .filter(|x| &x.entry.session == id)
-                    .map(|x| x.entry.tokens.len())
-                    .max()
-                    .unwrap_or(0),
-                idle_for: now.saturating_sub(s.last_access),
+                    .map(|x| x.entry.as_ref())
+                    .filter(|e| &e.session == id)
+                    .collect();
+                let longest = entries.iter().max_by_key(|e| e.tokens.len());
+                let mut seen = std::collections::HashSet::new();
+                SessionInfo {
+                    id: id.clone(),
+                    entries: s.entries,
+                    bytes: s.footprint.bytes(),
+                    longest_tokens: longest.map_or(0, |e| e.tokens.len()),
+                    checkpoints: longest
+                        .and_then(|e| e.checkpoint_positions())
+                        .unwrap_or_default(),
+                    checkpoint_bytes: entries.iter().map(|e| e.checkpoint_bytes(&mut seen)).sum(),
+                    idle_for: now.saturating_sub(s.last_access),
+                }
             })
             .collect();
         out.sort_by(|a, b| a.idle_for.cmp(&b.idle_for).then_with(|| a.id.cmp(&b.id)));

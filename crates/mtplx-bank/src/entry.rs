@@ -49,6 +49,19 @@ impl Entry {
 }
 
 impl Entry {
+    /// Bytes of the recurrent checkpoints' buffers not yet in `seen` (which gains them).
+    pub(crate) fn checkpoint_bytes(&self, seen: &mut std::collections::HashSet<BufferId>) -> u64 {
+        let mut n = 0u64;
+        for cp in self.checkpoints.iter().flatten() {
+            cp.state.visit_buffers(&mut |id, bytes| {
+                if seen.insert(id) {
+                    n += bytes as u64;
+                }
+            });
+        }
+        n
+    }
+
     /// Bytes the entry holds on its own (shared buffers counted in full).
     pub(crate) fn bytes(&self) -> u64 {
         let mut n = 0u64;

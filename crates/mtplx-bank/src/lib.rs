@@ -62,6 +62,7 @@
 mod admission;
 mod bank;
 mod candidate;
+mod checkpoints;
 mod clock;
 mod config;
 mod convert;
@@ -84,6 +85,7 @@ mod sync;
 
 pub use admission::{Admitted, MemoryEstimate, Refusal, RefusalKind, RetryWhen};
 pub use candidate::CandidateWatch;
+pub use checkpoints::{thin as thin_checkpoints, MAX_CHECKPOINTS};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{BankConfig, Matching, DEFAULT_IDLE_WRITE};
 pub use durability::{BankEvent, FlushReport, Observer, SpillFailure, SpillOutcome, SpillsDone};

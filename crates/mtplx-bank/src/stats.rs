@@ -80,6 +80,12 @@ pub struct SessionInfo {
     pub bytes: u64,
     /// Tokens of its longest entry.
     pub longest_tokens: usize,
+    /// Positions of the recurrent checkpoints of its longest entry (empty for an
+    /// attention-only model).
+    pub checkpoints: Vec<usize>,
+    /// Bytes the recurrent checkpoints of its entries hold (shared buffers once); they are
+    /// part of `bytes`.
+    pub checkpoint_bytes: u64,
     /// Time since it was last used, on the bank's clock.
     pub idle_for: Duration,
 }

@@ -22,6 +22,8 @@ pub fn sessions(state: &AppState) -> Response<Body> {
                 "entries": s.entries,
                 "bytes": s.bytes,
                 "longest_tokens": s.longest_tokens,
+                "checkpoints": s.checkpoints,
+                "checkpoint_bytes": s.checkpoint_bytes,
                 "idle_s": s.idle_for.as_secs_f64(),
             })
         })
