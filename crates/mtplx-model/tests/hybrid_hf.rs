@@ -217,3 +217,59 @@ fn what_the_model_does_not_compute_is_refused_by_name() {
     });
     HybridModel::load(d.path()).unwrap();
 }
+
+#[test]
+fn a_bf16_checkpoint_loads_as_its_bf16_values() {
+    // Published checkpoints are bf16: every tensor stored so, the loader widens it.
+    let config = HybridConfig::tiny();
+    let weights = HybridWeights::random(&config, 8);
+    let dir = tempfile::tempdir().unwrap();
+    hf::save(dir.path(), &config, &weights).unwrap();
+    let bf16 = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .map(|&x| half::bf16::from_f32(x).to_f32())
+            .collect()
+    };
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = hf::tensors(&config, &weights)
+        .into_iter()
+        .map(|(n, s, d)| {
+            let bytes = d
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect();
+            (n, s, bytes)
+        })
+        .collect();
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)
+                .unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    let (_, loaded) = hf::load(dir.path()).unwrap();
+    // The published values rounded to bf16, then converted back to this crate's layout:
+    // the same as this crate's rounded directly, except the zero-centred norms, rounded
+    // as `w - 1`.
+    let first = &loaded.layers[0];
+    match (&first.mixer, &weights.layers[0].mixer) {
+        (
+            mtplx_model::hybrid::MixerWeights::GatedDeltaNet(got),
+            mtplx_model::hybrid::MixerWeights::GatedDeltaNet(want),
+        ) => {
+            assert_eq!(got.in_proj_qkvz, bf16(&want.in_proj_qkvz));
+            assert_eq!(got.a_log, bf16(&want.a_log));
+        }
+        _ => unreachable!("layer 0 is a gated delta net"),
+    }
+    let norm: Vec<f32> = weights.layers[0]
+        .input_norm
+        .iter()
+        .map(|&w| 1.0 + half::bf16::from_f32(w - 1.0).to_f32())
+        .collect();
+    assert_eq!(first.input_norm, norm);
+    assert_eq!(loaded.embed, bf16(&weights.embed));
+    HybridModel::new(config, &loaded).unwrap();
+}
