@@ -35,6 +35,18 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
     std::fs::write(&path, v.to_string()).unwrap();
 }
 
+/// Writes `model.safetensors`: (name, shape, little-endian bytes of `dtype`).
+fn write_tensors(dir: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)], dtype: safetensors::Dtype) {
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            let v = safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
 /// Rewrites `model.safetensors` with `name` left out, or given `shape` (same values).
 fn rewrite_tensors(
     dir: &Path,
@@ -51,15 +63,7 @@ fn rewrite_tensors(
             (n, s, d.iter().flat_map(|v| v.to_le_bytes()).collect())
         })
         .collect();
-    let views: Vec<_> = tensors
-        .iter()
-        .map(|(n, s, b)| {
-            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                .unwrap();
-            (n.clone(), v)
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    write_tensors(dir, &tensors, safetensors::Dtype::F32);
 }
 
 #[test]
@@ -240,15 +244,7 @@ fn a_bf16_checkpoint_loads_as_its_bf16_values() {
             (n, s, bytes)
         })
         .collect();
-    let views: Vec<_> = tensors
-        .iter()
-        .map(|(n, s, b)| {
-            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)
-                .unwrap();
-            (n.clone(), v)
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    write_tensors(dir.path(), &tensors, safetensors::Dtype::BF16);
     let (_, loaded) = hf::load(dir.path()).unwrap();
     // The published values rounded to bf16, then converted back to this crate's layout:
     // the same as this crate's rounded directly, except the zero-centred norms, rounded
