@@ -320,6 +320,12 @@ impl Bank {
         let mut s = lock(&self.stats).clone();
         s.bytes = store.held.bytes();
         s.resident_bytes = store.total.bytes();
+        let mut seen = std::collections::HashSet::new();
+        s.checkpoint_bytes = store
+            .slots
+            .values()
+            .map(|x| x.entry.checkpoint_bytes(&mut seen))
+            .sum();
         s.entries = store.slots.len();
         s.sessions = store.sessions.len();
         s.spilling = store.leaving.len();

@@ -14,6 +14,9 @@ pub struct Stats {
     pub bytes: u64,
     /// Bytes of the resident entries alone (what the byte budgets bound).
     pub resident_bytes: u64,
+    /// Of `resident_bytes`, those of hybrid entries' recurrent checkpoints (shared buffers
+    /// once).
+    pub checkpoint_bytes: u64,
     /// Resident entries.
     pub entries: usize,
     pub sessions: usize,

@@ -65,6 +65,12 @@ fn an_entry_keeps_at_most_the_bound_thinned_by_distance_from_the_tail() {
         .expect("the session");
     assert_eq!(s.longest_tokens, 8192);
     assert!(s.checkpoint_bytes > 0);
+    assert_eq!(
+        bank.stats().checkpoint_bytes,
+        s.checkpoint_bytes,
+        "one session"
+    );
+    assert!(bank.stats().checkpoint_bytes < bank.stats().resident_bytes);
     let kept = &s.checkpoints;
     assert!(kept.len() <= MAX_CHECKPOINTS, "{kept:?}");
     assert_eq!(kept.first(), Some(&256), "the oldest stays");

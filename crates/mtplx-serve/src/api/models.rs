@@ -70,6 +70,11 @@ pub fn metrics(state: &AppState) -> Response<Body> {
         ),
     ];
     gauges.push((
+        "mtplx_bank_checkpoint_bytes",
+        "Bytes of hybrid models' recurrent checkpoints in the RAM session bank (part of mtplx_bank_bytes).",
+        bank.checkpoint_bytes,
+    ));
+    gauges.push((
         "mtplx_bank_spilling_entries",
         "Evicted bank entries whose write to the SSD tier has not committed (still served from RAM).",
         bank.spilling as u64,
