@@ -76,7 +76,13 @@ fn main() -> Result<()> {
             _ => peer::run(&fetch_model()?, &args)?,
         },
         Task::Tidy => tidy::run()?,
-        Task::MakeHybrid(args) => make_hybrid::run(&args)?,
+        Task::MakeHybrid(args) => {
+            let gguf = match &args.tokenizer_from {
+                Some(path) => path.clone(),
+                None => fetch_model()?,
+            };
+            make_hybrid::run(&args, Some(&gguf))?
+        }
         Task::FetchModel => {
             fetch_model()?;
         }

@@ -2,16 +2,20 @@
 //! (seeded weights, the published `config.json` keys and tensor names, as a user's own
 //! folder has them), since no package ships a hybrid model small enough for tests.
 //!
-//! Its shape: the default model's vocabulary size (49,152 ids, so its tokenizer fits), a
+//! Beside the weights it writes the tokenizer and chat template of a GGUF file
+//! (`tokenizer.json`, `tokenizer_config.json`; by default the default model's), so the
+//! folder is a whole model. Its shape: the default model's vocabulary size (49,152 ids), a
 //! context of 8,192 positions, 8 layers (three gated delta nets then one gated attention
 //! layer, twice), partial rotary over a quarter of each attention head as Qwen3-Next has.
 //! The weights are `HybridWeights::random(seed)`: loading the folder gives back their bits
 //! (`crates/mtplx-model/tests/hybrid_hf.rs`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use mtplx_model::hybrid::{hf, HybridConfig, HybridWeights};
+use mtplx_model::source::GgufSource;
+use mtplx_model::tokenizer::Tokenizer;
 
 /// What to write.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,6 +33,10 @@ pub struct MakeHybridArgs {
     /// `tools/reference/transformers_qwen3_next.py` takes it to transformers.
     #[arg(long)]
     pub tiny: bool,
+    /// The GGUF file whose tokenizer and chat template to write beside the weights (by
+    /// default the default model, fetched if missing).
+    #[arg(long)]
+    pub tokenizer_from: Option<PathBuf>,
 }
 
 /// The checkpoint's shape.
@@ -56,7 +64,23 @@ pub fn config() -> HybridConfig {
     }
 }
 
-pub fn run(args: &MakeHybridArgs) -> Result<()> {
+/// Writes the tokenizer and chat template of the GGUF file `gguf` into `dir`.
+fn write_tokenizer(dir: &Path, gguf: &Path, vocab: usize) -> Result<()> {
+    let tokenizer = Tokenizer::from_gguf(GgufSource::open(gguf)?.content())?;
+    ensure!(
+        tokenizer.vocab_size() <= vocab,
+        "{}: a tokenizer of {} ids for a vocabulary of {vocab}",
+        gguf.display(),
+        tokenizer.vocab_size()
+    );
+    let (json, config) = tokenizer.to_hf_json()?;
+    std::fs::write(dir.join("tokenizer.json"), json)?;
+    std::fs::write(dir.join("tokenizer_config.json"), config + "\n")?;
+    Ok(())
+}
+
+/// Writes the checkpoint; the tokenizer too when `tokenizer` names its GGUF file.
+pub fn run(args: &MakeHybridArgs, tokenizer: Option<&Path>) -> Result<()> {
     if args.format != "hf" {
         bail!(
             "--format {}: only `hf` is written so far (GGUF waits for the qwen35 GGUF loader)",
@@ -70,6 +94,9 @@ pub fn run(args: &MakeHybridArgs) -> Result<()> {
     };
     let weights = HybridWeights::random(&c, args.seed);
     hf::save(&args.out, &c, &weights)?;
+    if let Some(gguf) = tokenizer {
+        write_tokenizer(&args.out, gguf, c.vocab_size)?;
+    }
     println!(
         "wrote a Qwen3-Next checkpoint (seed {}, {} layers, vocabulary {}, context {}) to {}",
         args.seed,
@@ -89,26 +116,23 @@ mod tests {
     fn writes_a_folder_the_loader_reads_back_with_the_same_bits() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("hybrid");
-        run(&MakeHybridArgs {
-            out: out.clone(),
+        let args = |out: &Path| MakeHybridArgs {
+            out: out.to_path_buf(),
             format: "hf".into(),
             seed: 3,
             tiny: false,
-        })
-        .unwrap();
+            tokenizer_from: None,
+        };
+        // The default model, when the tests have it (`cargo xtask test` sets this).
+        let model = std::env::var_os("MTPLX_TEST_MODEL").map(PathBuf::from);
+        run(&args(&out), model.as_deref()).unwrap();
         let (c, w) = hf::load(&out).unwrap();
         assert_eq!(c.context_length, 8192);
         assert_eq!(c.rotary_dim(), 8);
         assert_eq!(w, HybridWeights::random(&config(), 3));
         // Deterministic: the same seed writes the same bytes.
         let again = dir.path().join("again");
-        run(&MakeHybridArgs {
-            out: again.clone(),
-            format: "hf".into(),
-            seed: 3,
-            tiny: false,
-        })
-        .unwrap();
+        run(&args(&again), None).unwrap();
         for f in ["config.json", "model.safetensors"] {
             assert_eq!(
                 std::fs::read(out.join(f)).unwrap(),
@@ -116,12 +140,21 @@ mod tests {
                 "{f}"
             );
         }
+        if let Some(model) = &model {
+            let t = Tokenizer::from_file(
+                &out.join("tokenizer.json"),
+                Some(&out.join("tokenizer_config.json")),
+            )
+            .unwrap();
+            let want = Tokenizer::from_gguf(GgufSource::open(model).unwrap().content()).unwrap();
+            assert_eq!(t.vocab_size(), want.vocab_size());
+            assert_eq!(t.chat_template(), want.chat_template());
+            assert_eq!(t.stop_ids(), want.stop_ids());
+        }
         let gguf = MakeHybridArgs {
-            out,
             format: "gguf".into(),
-            seed: 3,
-            tiny: false,
+            ..args(&out)
         };
-        assert!(run(&gguf).is_err());
+        assert!(run(&gguf, None).is_err());
     }
 }

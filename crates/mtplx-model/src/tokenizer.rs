@@ -207,6 +207,23 @@ impl Tokenizer {
         self.stop.binary_search(&id).is_ok()
     }
 
+    /// This tokenizer as a Hugging Face folder has it: `tokenizer.json` and
+    /// `tokenizer_config.json` (BOS, EOS, padding, `add_bos_token`, the chat template), so
+    /// a model written as such a folder (`cargo xtask make-hybrid`) carries the tokenizer
+    /// of the file it was made beside. [`Tokenizer::from_json`] reads them back.
+    pub fn to_hf_json(&self) -> Result<(String, String), TokenizerError> {
+        let tokenizer = self.split.to_string(true).map_err(TokenizerError::Build)?;
+        let config = serde_json::json!({
+            "bos_token": self.bos_token(),
+            "eos_token": self.eos_token(),
+            "pad_token": self.pad.and_then(|id| self.id_to_token(id)),
+            "add_bos_token": self.add_bos,
+            "chat_template": self.chat_template,
+        });
+        let config = serde_json::to_string_pretty(&config).expect("a JSON value prints");
+        Ok((tokenizer, config))
+    }
+
     /// Whether `id` is a special (control) token: left out by `decode(.., true)`.
     pub fn is_special(&self, id: u32) -> bool {
         self.pieces.is_special(id)

@@ -250,3 +250,41 @@ fn from_file_without_config_and_missing_file() -> Result<()> {
     assert!(err.to_string().contains("no-such.json"), "{err}");
     Ok(())
 }
+
+/// The default model's tokenizer written as a Hugging Face folder's files (what `cargo
+/// xtask make-hybrid` puts beside its weights) reads back as the same tokenizer: the same
+/// ids and text on every case, the same specials, stops, BOS/EOS and chat template.
+#[test]
+fn the_gguf_tokenizer_round_trips_through_hugging_face_files() -> Result<()> {
+    let tok = smollm2();
+    let (json, config) = tok.to_hf_json()?;
+    let back = Tokenizer::from_json(json.as_bytes(), Some(config.as_bytes()))?;
+    assert_eq!(back.vocab_size(), tok.vocab_size());
+    assert_eq!(back.special_tokens(), tok.special_tokens());
+    assert_eq!(back.stop_ids(), tok.stop_ids());
+    assert_eq!((back.bos_id(), back.eos_id()), (tok.bos_id(), tok.eos_id()));
+    assert_eq!(back.add_bos_token(), tok.add_bos_token());
+    assert_eq!(back.chat_template(), tok.chat_template());
+    assert!(back.chat_template().is_some());
+    all_cases(|case| {
+        for special in [Special::Parse, Special::AsText] {
+            let (a, b) = (
+                tok.encode(&case.text, special)?,
+                back.encode(&case.text, special)?,
+            );
+            if a != b {
+                return Ok(Some(format!("{special:?}: {a:?} read back as {b:?}")));
+            }
+        }
+        for special in [SpecialText::Keep, SpecialText::Skip] {
+            let (a, b) = (
+                tok.decode(&case.ids, special)?,
+                back.decode(&case.ids, special)?,
+            );
+            if a != b {
+                return Ok(Some(format!("{special:?}: {a:?} read back as {b:?}")));
+            }
+        }
+        Ok(None)
+    })
+}
