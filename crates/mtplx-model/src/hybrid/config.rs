@@ -77,6 +77,24 @@ impl HybridConfig {
         }
     }
 
+    /// What the model needs of the dimensions themselves (a convolution over at least two
+    /// tokens, whole groups of v heads per q/k head); the reason names the config keys.
+    pub fn check(&self) -> Result<(), String> {
+        if self.linear_conv_kernel_dim < 2 {
+            return Err("`linear_conv_kernel_dim` must be at least 2".into());
+        }
+        if self.linear_num_key_heads == 0
+            || !self
+                .linear_num_value_heads
+                .is_multiple_of(self.linear_num_key_heads)
+        {
+            return Err(
+                "`linear_num_value_heads` must be a multiple of `linear_num_key_heads`".into(),
+            );
+        }
+        Ok(())
+    }
+
     pub fn layer_kind(&self, layer: usize) -> LayerKind {
         if let Some(kind) = self.layer_types.as_ref().and_then(|t| t.get(layer)) {
             return *kind;

@@ -157,15 +157,7 @@ pub fn config_from_json(path: &Path, text: &str) -> Result<HybridConfig> {
     if get("rope_scaling").is_some() {
         return Err(bad("`rope_scaling` is not supported".into()));
     }
-    if c.linear_num_key_heads == 0
-        || !c
-            .linear_num_value_heads
-            .is_multiple_of(c.linear_num_key_heads)
-    {
-        return Err(bad(
-            "`linear_num_value_heads` must be a multiple of `linear_num_key_heads`".into(),
-        ));
-    }
+    c.check().map_err(bad)?;
     Ok(c)
 }
 

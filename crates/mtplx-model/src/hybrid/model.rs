@@ -272,16 +272,7 @@ impl HybridModel {
 /// Checks that `w` has the shapes `c` names.
 fn validate(c: &HybridConfig, w: &HybridWeights) -> Result<()> {
     let bad = |reason: String| Err(ModelError::Hybrid { reason });
-    if c.linear_conv_kernel_dim < 2 {
-        return bad("the convolution kernel must span at least 2 tokens".into());
-    }
-    if c.linear_num_key_heads == 0
-        || !c
-            .linear_num_value_heads
-            .is_multiple_of(c.linear_num_key_heads)
-    {
-        return bad("v heads must be a multiple of the q/k heads".into());
-    }
+    c.check().or_else(bad)?;
     if w.layers.len() != c.num_layers {
         return bad(format!(
             "{} layers of weights for {}",
