@@ -170,7 +170,7 @@ pub fn drive<'a>(
     model: &'a dyn LanguageModel,
     cache: &'a mut dyn KvCache,
     request: &Request<'_>,
-    decode: Decode<'a>,
+    mut decode: Decode<'a>,
     observer: &mut dyn Observer,
 ) -> Result<Report> {
     let prompt = request.prompt;
@@ -199,18 +199,17 @@ pub fn drive<'a>(
     // The rest but the last prompt token, chunk by chunk, so a cancellation during a long
     // prefill stops it within one chunk.
     let prefill_start = Instant::now();
-    let mut decode = decode;
     // An MTP head drafts from the trunk's hidden rows: it sees the prompt's as they are
     // computed (the restored prefix has none; the head's context starts after it).
     let hidden = matches!(&decode, Decode::Speculative { proposer, .. } if proposer.wants_hidden());
     let want = if hidden { Want::Hidden } else { Want::Nothing };
-    let mut pos = reused;
     for piece in prompt[reused..prompt.len() - 1].chunks(chunk) {
         if observer.cancelled() {
             report.prefill_s = prefill_start.elapsed().as_secs_f64();
             return Ok(report);
         }
         let out = model.forward(piece, cache, want)?;
+        let pos = reused + report.new_prefill_tokens;
         if let Decode::Speculative { proposer, .. } = &mut decode {
             if hidden {
                 proposer.observe(&TrunkRows {
@@ -220,7 +219,6 @@ pub fn drive<'a>(
                 })?;
             }
         }
-        pos += piece.len();
         report.new_prefill_tokens += piece.len();
     }
     let mut stepper = Stepper::start(model, cache, prompt, request.sampler.clone(), chunk, decode)?;
