@@ -186,8 +186,8 @@ impl Worker {
             stop,
             metrics,
         );
-        let report = drive(model, cache, &request, decode, &mut text)?;
-        *tokens = report.tokens.clone();
+        let mut report = drive(model, cache, &request, decode, &mut text)?;
+        *tokens = std::mem::take(&mut report.tokens);
         let finish = match report.end {
             End::Cancelled => Finish::Cancelled,
             End::Observer => match text.take_ended() {
