@@ -6,6 +6,8 @@
 //! restore builds; for a prompt that continues the stored turn (restored at its end) and for
 //! one that edits its answer (restored at the checkpoint on the 256-token block boundary).
 
+use mtplx_kv::{CheckpointPolicy, Sequence};
+use mtplx_model::LanguageModel as _;
 use std::num::NonZeroUsize;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,9 +18,7 @@ use mtplx_bank::{
 };
 use mtplx_cold::{ColdConfig, ColdStore, Identity, Mtp, GIB};
 use mtplx_kv::CacheFactory;
-use mtplx_model::hybrid::{
-    CheckpointPolicy, HybridCache, HybridConfig, HybridModel, HybridWeights,
-};
+use mtplx_model::hybrid::{HybridConfig, HybridModel, HybridWeights};
 use mtplx_model::sampling::{Penalties, RandomSampling, Sampler, Sampling};
 use mtplx_model::Want;
 
@@ -99,15 +99,8 @@ fn bits(x: &[f32]) -> Vec<u32> {
 }
 
 /// Prefills `prompt[cache.len()..]` and decodes [`DECODE`] tokens with `sampler`.
-fn finish(
-    model: &HybridModel,
-    mut cache: HybridCache,
-    prompt: &[u32],
-    mut sampler: Sampler,
-) -> Trace {
-    let out = model
-        .prefill(&prompt[cache.len()..], &mut cache, 16)
-        .unwrap();
+fn finish(model: &HybridModel, mut cache: Sequence, prompt: &[u32], mut sampler: Sampler) -> Trace {
+    let out = mtplx_model::prefill(model, &prompt[cache.len()..], &mut cache, 16).unwrap();
     let mut logits = out.last_logits().to_vec();
     let (mut all, mut tokens) = (vec![bits(&logits)], Vec::new());
     for _ in 0..DECODE {
@@ -123,9 +116,10 @@ fn finish(
 /// The first turn: a 600-token prompt and a 20-token greedy answer, committed with its
 /// checkpoints (every 64 tokens, the prompt's end, the answer's end).
 fn first_turn(model: &HybridModel) -> (Vec<u32>, Commit) {
-    let mut cache = HybridCache::new(model.config(), &CacheFactory::contiguous(), policy());
+    let mut cache = Sequence::new(&CacheFactory::contiguous(), &model.config().state_shape())
+        .with_policy(policy());
     let mut tokens = xorshift_tokens(600, 1);
-    let out = model.prefill(&tokens, &mut cache, 64).unwrap();
+    let out = mtplx_model::prefill(model, &tokens, &mut cache, 64).unwrap();
     let mut next = mtplx_model::sampling::argmax(out.last_logits());
     for _ in 0..20 {
         tokens.push(next);
@@ -135,6 +129,7 @@ fn first_turn(model: &HybridModel) -> (Vec<u32>, Commit) {
     cache.checkpoint();
     let checkpoints = cache
         .checkpoints()
+        .unwrap()
         .iter()
         .map(|c| Checkpoint {
             position: c.position,
@@ -175,12 +170,11 @@ fn bank_holding(source: Source, commit: Commit, dir: &Path) -> Bank {
                 session: SessionId::new("other"),
                 tokens: vec![1, 2, 3],
                 kv: {
-                    let mut c = HybridCache::new(
-                        &HybridConfig::tiny(),
+                    let mut c = Sequence::new(
                         &CacheFactory::contiguous(),
-                        CheckpointPolicy::OnDemand,
+                        &HybridConfig::tiny().state_shape(),
                     );
-                    model().prefill(&[1, 2, 3], &mut c, 3).unwrap();
+                    mtplx_model::prefill(&model(), &[1, 2, 3], &mut c, 3).unwrap();
                     c.kv().snapshot()
                 },
                 checkpoints: None,
@@ -237,7 +231,9 @@ fn a_restored_hybrid_checkpoint_gives_the_cold_tokens_from_ram_and_ssd() {
         let cold: Vec<Trace> = samplers()
             .into_iter()
             .map(|s| {
-                let cache = HybridCache::new(model.config(), &CacheFactory::contiguous(), policy());
+                let cache =
+                    Sequence::new(&CacheFactory::contiguous(), &model.config().state_shape())
+                        .with_policy(policy());
                 finish(&model, cache, prompt, s)
             })
             .collect();
@@ -263,11 +259,12 @@ fn a_restored_hybrid_checkpoint_gives_the_cold_tokens_from_ram_and_ssd() {
                         _ => modes[1],
                     };
                     assert_eq!(plan.mode(), mode, "{name} from {source:?}");
-                    let restored = plan.restore(factory, model.config().kv_shape()).unwrap();
+                    let restored = plan
+                        .restore(factory, &model.config().state_shape())
+                        .unwrap();
                     assert_eq!(restored.prefix_len(), restored_at, "{name} from {source:?}");
-                    let recurrent = restored.recurrent.expect("a hybrid restore's state");
-                    let cache =
-                        HybridCache::from_parts(restored.cache, recurrent, policy()).unwrap();
+                    let cache = restored.sequence.with_policy(policy());
+                    assert!(cache.recurrent().is_some(), "a hybrid restore's state");
                     let got = finish(&model, cache, prompt, sampler);
                     assert!(
                         &got == want,

@@ -6,9 +6,9 @@
 use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 
-use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
-use mtplx_model::{generate_greedy, Bundle, LanguageModel, Model, Want, WeightFormat};
+use mtplx_model::{generate_greedy, Bundle, LanguageModel, Want, WeightFormat};
 
 const PROMPT: &str = "The history of the printing press begins in the fifteenth century, when \
     Johannes Gutenberg combined movable metal type, oil-based ink and a wooden press. Within \
@@ -46,7 +46,7 @@ type Trace = (Vec<u32>, Vec<u32>);
 
 /// Greedy tokens and the bits of every step's logits. `cache` already holds
 /// `prompt[..cache.len()]`, a multiple of [`CHUNK`].
-fn greedy_bits(model: &Model, cache: &mut dyn KvCache, prompt: &[u32]) -> Trace {
+fn greedy_bits(model: &dyn LanguageModel, cache: &mut Sequence, prompt: &[u32]) -> Trace {
     assert_eq!(cache.len() % CHUNK, 0);
     let rest = &prompt[cache.len()..];
     let mut out = Default::default();
@@ -80,12 +80,12 @@ fn greedy_bits(model: &Model, cache: &mut dyn KvCache, prompt: &[u32]) -> Trace 
 fn greedy_generation_is_identical_in_every_layout() -> anyhow::Result<()> {
     let bundle = Bundle::load(&model_path(), WeightFormat::F32)?;
     let prompt = bundle.tokenizer.encode(PROMPT, Special::AsText)?;
-    let shape = bundle.model.config().kv_shape();
+    let shape = bundle.model.state_shape();
     let mut runs = Vec::new();
     for (name, factory) in layouts() {
-        let mut cache = factory.new_cache(shape);
-        let tokens = generate_greedy(&bundle.model, cache.as_mut(), &prompt, 16, &[EOS], CHUNK)?;
-        assert_eq!(cache.layout(), factory.layout());
+        let mut cache = Sequence::new(&factory, &shape);
+        let tokens = generate_greedy(&*bundle.model, &mut cache, &prompt, 16, &[EOS], CHUNK)?;
+        assert_eq!(cache.kv().layout(), factory.layout());
         runs.push((name, tokens));
     }
     assert!(!runs[0].1.is_empty());
@@ -98,47 +98,47 @@ fn greedy_generation_is_identical_in_every_layout() -> anyhow::Result<()> {
 #[test]
 fn logits_are_bit_identical_across_layouts_and_prefix_paths() -> anyhow::Result<()> {
     let bundle = Bundle::load(&model_path(), WeightFormat::F32)?;
-    let model = &bundle.model;
+    let model = &*bundle.model;
     let prompt = bundle.tokenizer.encode(PROMPT, Special::AsText)?;
     let split = (prompt.len() / 2) / CHUNK * CHUNK;
     assert!(
         split >= CHUNK && prompt.len() > split,
         "the prompt is too short"
     );
-    let shape = model.config().kv_shape();
+    let shape = model.state_shape();
 
     // Cold, in each layout.
     let mut paths: Vec<(String, Trace)> = Vec::new();
     for (name, factory) in layouts() {
-        let mut cache = factory.new_cache(shape);
+        let mut cache = Sequence::new(&factory, &shape);
         paths.push((
             format!("cold {name}"),
-            greedy_bits(model, cache.as_mut(), &prompt),
+            greedy_bits(model, &mut cache, &prompt),
         ));
     }
 
     // The prefix prefilled once per layout, then continued from a snapshot restored in
     // every layout (same layout: shared storage; other layouts: converted), and from a fork.
     for (from, factory) in layouts() {
-        let mut prefix = factory.new_cache(shape);
+        let mut prefix = Sequence::new(&factory, &shape);
         for piece in prompt[..split].chunks(CHUNK) {
-            model.forward(piece, prefix.as_mut(), Want::Nothing)?;
+            model.forward(piece, &mut prefix, Want::Nothing)?;
         }
-        let snap = prefix.snapshot();
+        let snap = prefix.kv().snapshot();
         for (to, target) in layouts() {
-            let mut cache = target.restore(&*snap, split)?;
-            let run = greedy_bits(model, cache.as_mut(), &prompt);
+            let mut cache = Sequence::from(target.restore(&*snap, split)?);
+            let run = greedy_bits(model, &mut cache, &prompt);
             paths.push((format!("{from} snapshot -> {to}"), run));
         }
         let mut fork = prefix.fork();
         paths.push((
             format!("{from} fork"),
-            greedy_bits(model, fork.as_mut(), &prompt),
+            greedy_bits(model, &mut fork, &prompt),
         ));
         // The origin still continues as if nothing was shared.
         paths.push((
             format!("{from} origin"),
-            greedy_bits(model, prefix.as_mut(), &prompt),
+            greedy_bits(model, &mut prefix, &prompt),
         ));
     }
 

@@ -12,8 +12,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, ensure, Result};
-use mtplx_model::hybrid::{hf, HybridConfig, HybridWeights};
+use anyhow::{bail, Result};
+use mtplx_model::hybrid::{synthetic, HybridConfig};
 use mtplx_model::source::GgufSource;
 use mtplx_model::tokenizer::Tokenizer;
 
@@ -40,46 +40,8 @@ pub struct MakeHybridArgs {
 }
 
 /// The checkpoint's shape.
-pub fn config() -> HybridConfig {
-    HybridConfig {
-        vocab_size: 49_152,
-        hidden_size: 128,
-        intermediate_size: 256,
-        num_layers: 8,
-        full_attention_interval: 4,
-        layer_types: None,
-        rms_norm_eps: 1e-6,
-        context_length: 8192,
-        rope_theta: 10_000.0,
-        partial_rotary_factor: 0.25,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 32,
-        linear_num_key_heads: 2,
-        linear_num_value_heads: 4,
-        linear_key_head_dim: 32,
-        linear_value_head_dim: 32,
-        linear_conv_kernel_dim: 4,
-        tie_word_embeddings: false,
-    }
-}
+pub use mtplx_model::hybrid::synthetic::config;
 
-/// Writes the tokenizer and chat template of the GGUF file `gguf` into `dir`.
-fn write_tokenizer(dir: &Path, gguf: &Path, vocab: usize) -> Result<()> {
-    let tokenizer = Tokenizer::from_gguf(GgufSource::open(gguf)?.content())?;
-    ensure!(
-        tokenizer.vocab_size() <= vocab,
-        "{}: a tokenizer of {} ids for a vocabulary of {vocab}",
-        gguf.display(),
-        tokenizer.vocab_size()
-    );
-    let (json, config) = tokenizer.to_hf_json()?;
-    std::fs::write(dir.join("tokenizer.json"), json)?;
-    std::fs::write(dir.join("tokenizer_config.json"), config + "\n")?;
-    Ok(())
-}
-
-/// Writes the checkpoint; the tokenizer too when `tokenizer` names its GGUF file.
 pub fn run(args: &MakeHybridArgs, tokenizer: Option<&Path>) -> Result<()> {
     if args.format != "hf" {
         bail!(
@@ -92,11 +54,11 @@ pub fn run(args: &MakeHybridArgs, tokenizer: Option<&Path>) -> Result<()> {
     } else {
         config()
     };
-    let weights = HybridWeights::random(&c, args.seed);
-    hf::save(&args.out, &c, &weights)?;
-    if let Some(gguf) = tokenizer {
-        write_tokenizer(&args.out, gguf, c.vocab_size)?;
-    }
+    let tokenizer = match tokenizer {
+        Some(gguf) => Some(Tokenizer::from_gguf(GgufSource::open(gguf)?.content())?),
+        None => None,
+    };
+    synthetic::write(&args.out, &c, args.seed, tokenizer.as_ref())?;
     println!(
         "wrote a Qwen3-Next checkpoint (seed {}, {} layers, vocabulary {}, context {}) to {}",
         args.seed,
@@ -111,6 +73,7 @@ pub fn run(args: &MakeHybridArgs, tokenizer: Option<&Path>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mtplx_model::hybrid::{hf, HybridWeights};
 
     #[test]
     fn writes_a_folder_the_loader_reads_back_with_the_same_bits() {

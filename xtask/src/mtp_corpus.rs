@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context, Result};
 use mtplx_model::chat::{ChatMessage, Role};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, Generator, LanguageModel};
+use mtplx_model::{Bundle, Generator};
 
 use crate::train_mtp::corpus::{
     edit_turn, files_under, home, rename_edit, render, snippet, spread,
@@ -345,14 +345,8 @@ pub fn run(b: &Bundle, args: &CorpusArgs) -> Result<()> {
 
     // The check the GPU trunk must pass: greedy tokens of the Rust model.
     let check_prompt = user("What is the capital of France?".into())?;
-    let mut cache = mtplx_kv::CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
-    let mut g = Generator::new(
-        &b.model,
-        cache.as_mut(),
-        &check_prompt,
-        Sampler::greedy(),
-        16,
-    )?;
+    let mut cache = b.model.new_sequence(&mtplx_kv::CacheFactory::contiguous());
+    let mut g = Generator::new(&*b.model, &mut cache, &check_prompt, Sampler::greedy(), 16)?;
     while g.generated().len() < 8
         && !g
             .generated()

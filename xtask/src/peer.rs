@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use mtplx_kv::CacheFactory;
+use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::{prefill, ForwardOutput, LanguageModel, Model, Want, WeightFormat};
 
 /// The llama.cpp release the peer is built from (vendored by this sdist).
@@ -300,7 +300,7 @@ fn tokens(n: usize) -> Vec<u32> {
 /// mtplx's own figures on the default (native) weights, in this process.
 fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
     let model = Model::load(model_path, WeightFormat::Native)?;
-    let shape = model.config().kv_shape();
+    let shape = model.state_shape();
     let mut figures = Figures::default();
     let mean = |f: &mut dyn FnMut() -> Result<f64>| -> Result<f64> {
         f()?; // warm-up
@@ -313,9 +313,9 @@ fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)>
     for &p in &args.prompts {
         let prompt = tokens(p);
         let tps = mean(&mut || {
-            let mut cache = CacheFactory::contiguous().new_cache(shape);
+            let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
             let t = Instant::now();
-            prefill(&model, &prompt, cache.as_mut(), 512)?;
+            prefill(&model, &prompt, &mut cache, 512)?;
             Ok(p as f64 / t.elapsed().as_secs_f64())
         })?;
         eprintln!("[peer] mtplx pp{p}: {tps:.1} tok/s");
@@ -323,12 +323,12 @@ fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)>
     }
     let n = args.gen;
     let tps = mean(&mut || {
-        let mut cache = CacheFactory::contiguous().new_cache(shape);
+        let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
         let mut out = ForwardOutput::default();
         let t = Instant::now();
         let mut tok = 1u32;
         for _ in 0..n {
-            model.forward_into(&[tok], cache.as_mut(), Want::Last, &mut out)?;
+            model.forward_into(&[tok], &mut cache, Want::Last, &mut out)?;
             tok = mtplx_model::sampling::argmax(out.last_logits());
         }
         Ok(n as f64 / t.elapsed().as_secs_f64())

@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use mtplx_bank::{Bank, BankConfig, Commit, Continuation, Identity, LookupQuery, SessionId};
 use mtplx_cold::Mtp;
-use mtplx_kv::{CacheFactory, KvShape, KvView};
+use mtplx_kv::{CacheFactory, KvShape, KvView, StateShape};
 
 const SHAPE: KvShape = KvShape {
     layers: 8,
@@ -120,7 +120,9 @@ fn restore(c: &mut Criterion) {
                     session: None,
                     floor: 0,
                 });
-                let r = plan.restore(&factory, SHAPE).unwrap();
+                let r = plan
+                    .restore(&factory, &StateShape::attention_only(SHAPE))
+                    .unwrap();
                 black_box(r.prefix_len())
             })
         });

@@ -9,41 +9,7 @@
 
 use crate::state::Checkpoint;
 
-/// Most checkpoints one entry keeps.
-pub const MAX_CHECKPOINTS: usize = 8;
-
-/// Which of the ascending `positions` to keep, at most `max` of them: the newest and the
-/// oldest, then one per doubling of the distance from the newest (in each band
-/// `[2^k, 2^(k+1))` the one nearest the tail), the nearest bands first. Returns indices
-/// into `positions`, ascending.
-pub fn thin(positions: &[usize], max: usize) -> Vec<usize> {
-    let n = positions.len();
-    if n <= max {
-        return (0..n).collect();
-    }
-    if max == 0 {
-        return Vec::new();
-    }
-    let tail = positions[n - 1];
-    let mut keep = vec![n - 1];
-    if max > 1 {
-        keep.push(0);
-    }
-    // Newest first, so the first one met in a band is the band's nearest to the tail.
-    let mut last_band = None;
-    for i in (1..n - 1).rev() {
-        if keep.len() >= max {
-            break;
-        }
-        let band = (tail - positions[i]).max(1).ilog2();
-        if last_band != Some(band) {
-            keep.push(i);
-            last_band = Some(band);
-        }
-    }
-    keep.sort_unstable();
-    keep
-}
+pub use mtplx_kv::{thin_checkpoints as thin, MAX_CHECKPOINTS};
 
 /// The checkpoints of a new entry: its own (`own`, ascending) and those of the entry it
 /// continues (`parent`, whose tokens are a prefix of the new entry's, so its states hold

@@ -29,7 +29,7 @@
 //! use std::sync::Arc;
 //! use mtplx_bank::{Bank, BankConfig, Commit, Continuation, LookupQuery, SessionId};
 //! use mtplx_cold::{Identity, Mtp};
-//! use mtplx_kv::{CacheFactory, KvShape};
+//! use mtplx_kv::{CacheFactory, KvShape, StateShape};
 //!
 //! let shape = KvShape { layers: 1, kv_heads: 1, head_dim: 2 };
 //! let identity = Identity {
@@ -54,9 +54,9 @@
 //!     identity: &identity, prompt: &prompt, session: None, floor: 0,
 //! });
 //! assert_eq!(plan.mode().as_str(), "clone");
-//! let restored = plan.restore(&CacheFactory::paged(), shape).unwrap();
+//! let restored = plan.restore(&CacheFactory::paged(), &StateShape::attention_only(shape)).unwrap();
 //! assert_eq!(restored.prefix_len(), 3);
-//! assert_eq!(restored.cache.layout(), mtplx_kv::LayoutKind::Paged);
+//! assert_eq!(restored.sequence.kv().layout(), mtplx_kv::LayoutKind::Paged);
 //! ```
 
 mod admission;

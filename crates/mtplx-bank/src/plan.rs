@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use mtplx_cold::{
     ColdCandidate, ColdIndex, MissReason as ColdMiss, RestoreErrorKind, RestoreReport,
 };
-use mtplx_kv::{CacheFactory, KvCache, KvShape, RecurrentState};
+use mtplx_kv::{CacheFactory, KvCache, RecurrentState, Sequence, StateShape};
 
 use crate::candidate::{Candidate, CandidateWatch, Handle};
 use crate::convert::{continuation_from_tail, recurrent_from_cold};
@@ -28,13 +28,12 @@ pub struct Plan {
     pub(crate) stats: Arc<Mutex<Stats>>,
 }
 
-/// A restored cache, ready for the suffix prefill.
+/// A restored sequence, ready for the suffix prefill.
 pub struct Restored {
-    /// Built by the caller's factory, in its layout; holds the first
-    /// `explanation.cached_tokens` positions of the prompt.
-    pub cache: Box<dyn KvCache>,
-    /// A hybrid state's recurrent state at the restore point.
-    pub recurrent: Option<RecurrentState>,
+    /// Its K/V built by the caller's factory, in its layout, holding the first
+    /// `explanation.cached_tokens` positions of the prompt; for a hybrid model with the
+    /// recurrent state at that point (recorded as its first checkpoint).
+    pub sequence: Sequence,
     /// Set exactly when the cache covers the whole prompt: the logits (and MTP state) to
     /// continue from, since no prompt token is left to prefill.
     pub continuation: Option<Continuation>,
@@ -45,9 +44,9 @@ pub struct Restored {
 }
 
 impl Restored {
-    /// Prompt positions the cache holds; prefill the prompt from here.
+    /// Prompt positions the sequence holds; prefill the prompt from here.
     pub fn prefix_len(&self) -> usize {
-        self.cache.len()
+        self.sequence.len()
     }
 }
 
@@ -72,11 +71,15 @@ impl Plan {
         self.watch.clone()
     }
 
-    /// Builds the request's cache through `factory` (whatever the source: RAM and SSD
-    /// restores alike), with `shape` for a cold start. An SSD restore that fails (a blob
-    /// gone or damaged) falls back to an empty cache and names the miss
+    /// Builds the request's sequence of `shape` through `factory` (whatever the source: RAM
+    /// and SSD restores alike; an empty one for a cold start). An SSD restore that fails (a
+    /// blob gone or damaged) falls back to an empty sequence and names the miss
     /// (`ssd_restore_error:<kind>`, …); it is not an error.
-    pub fn restore(self, factory: &CacheFactory, shape: KvShape) -> Result<Restored, BankError> {
+    pub fn restore(
+        self,
+        factory: &CacheFactory,
+        shape: &StateShape,
+    ) -> Result<Restored, BankError> {
         let Plan {
             chosen,
             explanation,
@@ -113,10 +116,9 @@ impl Plan {
     }
 }
 
-fn cold_start(factory: &CacheFactory, shape: KvShape, explanation: Explanation) -> Restored {
+fn cold_start(factory: &CacheFactory, shape: &StateShape, explanation: Explanation) -> Restored {
     Restored {
-        cache: factory.new_cache(shape),
-        recurrent: None,
+        sequence: Sequence::new(factory, shape),
         continuation: None,
         explanation,
         ssd_report: None,
@@ -128,13 +130,13 @@ fn ram(
     entry: Arc<Entry>,
     point: Point,
     factory: &CacheFactory,
-    shape: KvShape,
+    shape: &StateShape,
     explanation: Explanation,
 ) -> Result<Restored, BankError> {
     let stored = entry.kv.shape();
-    if stored != shape {
+    if stored != shape.kv {
         return Err(BankError::ShapeMismatch {
-            asked: shape,
+            asked: shape.kv,
             stored,
         });
     }
@@ -145,13 +147,13 @@ fn ram(
         .flatten()
         .find(|cp| cp.position == point.at)
         .map(|cp| cp.state.to_state());
+    let sequence = Sequence::from_parts(shape, cache, recurrent)?;
     let continuation = point
         .continuation
         .then(|| entry.continuation.clone())
         .flatten();
     Ok(Restored {
-        cache,
-        recurrent,
+        sequence,
         continuation,
         explanation,
         ssd_report: None,
@@ -163,18 +165,24 @@ fn ssd(
     candidate: &ColdCandidate,
     chosen: &Candidate,
     factory: &CacheFactory,
-    shape: KvShape,
+    shape: &StateShape,
     explanation: Explanation,
     stats: &Mutex<Stats>,
 ) -> Restored {
-    let mut sink = CacheSink::new(factory, shape);
-    match read(index, candidate, chosen, &mut sink) {
-        Ok(r) => Restored {
-            cache: r.cache,
-            recurrent: r.recurrent,
-            continuation: r.continuation,
+    let mut sink = CacheSink::new(factory, shape.kv);
+    let read = read(index, candidate, chosen, &mut sink).and_then(|r| {
+        // State of another shape than the model's (a foreign file under this identity) is
+        // a miss, never wrong tokens.
+        let sequence = Sequence::from_parts(shape, r.cache, r.recurrent)
+            .map_err(|_| ColdMiss::RestoreError(RestoreErrorKind::Decode))?;
+        Ok((sequence, r.continuation, r.report))
+    });
+    match read {
+        Ok((sequence, continuation, report)) => Restored {
+            sequence,
+            continuation,
             explanation,
-            ssd_report: Some(r.report),
+            ssd_report: Some(report),
         },
         Err(miss) => failed(factory, shape, explanation, chosen, miss, stats),
     }
@@ -223,7 +231,7 @@ fn read(
 /// The chosen SSD candidate could not be read: start cold and say why.
 fn failed(
     factory: &CacheFactory,
-    shape: KvShape,
+    shape: &StateShape,
     mut explanation: Explanation,
     chosen: &Candidate,
     miss: ColdMiss,

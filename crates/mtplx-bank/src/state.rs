@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use mtplx_cold::Identity;
-use mtplx_kv::{KvView, RecurrentSnapshot};
+use mtplx_kv::KvView;
 
 use crate::SessionId;
 
@@ -27,14 +27,10 @@ impl Continuation {
     }
 }
 
-/// A hybrid model's recurrent state after `position` tokens. A hybrid state can be
-/// restored only at a checkpoint: recurrent state cannot be trimmed like KV.
-#[derive(Debug, Clone)]
-pub struct Checkpoint {
-    /// Tokens folded into the state (1 ..= the entry's length).
-    pub position: usize,
-    pub state: RecurrentSnapshot,
-}
+/// A hybrid model's recurrent state after `position` tokens (1 ..= the entry's length). A
+/// hybrid state can be restored only at a checkpoint: recurrent state cannot be trimmed like
+/// KV.
+pub use mtplx_kv::Checkpoint;
 
 /// A conversation state to keep: handed to [`crate::Bank::commit`] after a turn.
 #[derive(Clone)]

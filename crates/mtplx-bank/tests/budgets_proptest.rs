@@ -167,9 +167,9 @@ proptest! {
                     prop_assert_eq!(plan.cached_tokens(), want, "{:?}", plan.explanation());
                     let watch = plan.watch();
                     prop_assert!(watch.alive() <= 1);
-                    let r = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
+                    let r = plan.restore(&CacheFactory::contiguous(), &dense()).unwrap();
                     prop_assert_eq!(watch.alive(), 0);
-                    assert_rows(&*r.cache, &prompt, want);
+                    assert_rows(r.sequence.kv(), &prompt, want);
                     prop_assert_eq!(r.continuation.is_some(), want == prompt.len());
                 }
                 Op::Advance(s) => clock.advance(Duration::from_secs(s)),

@@ -29,7 +29,7 @@ fn misses_name_a_new_session_or_where_the_history_diverged() {
     );
     let fields = plan.explanation().log_fields();
     assert!(fields.contains(&("prefix_divergence_token", LogValue::Num(40))));
-    plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
+    plan.restore(&CacheFactory::contiguous(), &dense()).unwrap();
     let stats = bank.stats();
     assert_eq!(stats.misses.get("prefix_divergence_at_token"), Some(&1));
     assert_eq!(stats.restores.get(&RestoreMode::Cold), Some(&1));
@@ -46,8 +46,8 @@ fn a_stored_entry_a_few_tokens_past_the_prompt_is_a_near_prefix() {
     assert_eq!(plan.mode(), RestoreMode::NearPrefixClone);
     // The last prompt token is left to prefill: the entry's continuation is for token 108.
     assert_eq!(plan.cached_tokens(), 99);
-    let r = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
-    assert_rows(&*r.cache, prompt, 99);
+    let r = plan.restore(&CacheFactory::contiguous(), &dense()).unwrap();
+    assert_rows(r.sequence.kv(), prompt, 99);
     assert!(r.continuation.is_none());
 }
 
@@ -59,7 +59,7 @@ fn a_whole_prompt_restore_hands_back_the_continuation_or_stops_one_short() {
     let id = identity();
     let r = bank
         .lookup(&query(&id, &t))
-        .restore(&CacheFactory::contiguous(), SHAPE)
+        .restore(&CacheFactory::contiguous(), &dense())
         .unwrap();
     assert_eq!(r.prefix_len(), 100);
     assert_eq!(r.continuation, Some(continuation(100)));
@@ -71,7 +71,7 @@ fn a_whole_prompt_restore_hands_back_the_continuation_or_stops_one_short() {
     bank.commit(bare).unwrap();
     let r = bank
         .lookup(&query(&id, &u))
-        .restore(&CacheFactory::contiguous(), SHAPE)
+        .restore(&CacheFactory::contiguous(), &dense())
         .unwrap();
     assert_eq!(
         r.prefix_len(),
@@ -96,7 +96,7 @@ fn a_whole_prompt_ssd_restore_returns_the_stored_continuation() {
     let id = identity();
     let r = bank
         .lookup(&query(&id, &t))
-        .restore(&CacheFactory::contiguous(), SHAPE)
+        .restore(&CacheFactory::contiguous(), &dense())
         .unwrap();
     assert_eq!(r.explanation.mode, RestoreMode::SsdClone);
     assert_eq!(r.prefix_len(), 300);

@@ -31,13 +31,15 @@ fn a_follow_up_turn_restores_at_its_parents_checkpoint() {
     let plan = bank.lookup(&query(&id, &prompt));
     assert_eq!(plan.cached_tokens(), 300, "{:?}", plan.explanation());
     assert_eq!(plan.mode(), RestoreMode::BlockPrefixBoundaryClone);
-    let restored = plan.restore(&CacheFactory::paged(), SHAPE).unwrap();
+    let restored = plan.restore(&CacheFactory::paged(), &hybrid()).unwrap();
     let state = restored
-        .recurrent
+        .sequence
+        .recurrent()
+        .cloned()
         .expect("the inherited checkpoint's state");
     assert_eq!(state.tokens(), 300);
     assert_eq!(state.conv(0).unwrap(), recurrent_at(300).conv(0).unwrap());
-    assert_rows(&*restored.cache, &prompt, 300);
+    assert_rows(restored.sequence.kv(), &prompt, 300);
 }
 
 #[test]

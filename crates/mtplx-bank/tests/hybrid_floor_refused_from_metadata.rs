@@ -44,7 +44,9 @@ fn ssd_hybrid_below_the_floor_is_refused_without_reading_a_blob() {
         .refused
         .iter()
         .any(|r| r.reason == RefusalReason::Ssd(ColdMiss::BoundaryBelowFloor)));
-    let restored = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
+    let restored = plan
+        .restore(&CacheFactory::contiguous(), &hybrid())
+        .unwrap();
     assert_eq!(restored.prefix_len(), 0);
     assert_eq!(counting.restores(), 0, "no blob was read");
 }
@@ -60,11 +62,15 @@ fn ssd_hybrid_at_or_above_the_floor_restores_its_checkpoint() {
     });
     assert_eq!(plan.mode(), RestoreMode::SsdBlockPrefixBoundaryClone);
     assert_eq!(plan.cached_tokens(), 100);
-    let restored = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
+    let restored = plan
+        .restore(&CacheFactory::contiguous(), &hybrid())
+        .unwrap();
     assert_eq!(counting.restores(), 1);
-    assert_rows(&*restored.cache, &prompt, 100);
+    assert_rows(restored.sequence.kv(), &prompt, 100);
     let state = restored
-        .recurrent
+        .sequence
+        .recurrent()
+        .cloned()
         .expect("the checkpoint's recurrent state");
     assert_eq!(state.tokens(), 100);
     assert_eq!(state.conv(0).unwrap(), recurrent_at(100).conv(0).unwrap());

@@ -53,7 +53,7 @@ fn ram_states_are_not_served_under_another_identity() {
         let plan = bank.lookup(&query(&other, &prompt));
         assert_eq!(plan.mode(), RestoreMode::Cold, "{other:?}");
         assert_eq!(plan.explanation().miss, Some(reason));
-        let r = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
+        let r = plan.restore(&CacheFactory::contiguous(), &dense()).unwrap();
         assert_eq!(r.prefix_len(), 0);
     }
     let id = identity();

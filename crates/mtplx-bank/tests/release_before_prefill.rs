@@ -51,13 +51,13 @@ fn unserved_ram_candidates_are_not_held_by_the_plan_and_the_served_one_goes_at_r
     let alive: Vec<bool> = weaks.iter().map(|w| w.upgrade().is_some()).collect();
     assert_eq!(alive, [false, false, false, true, false]);
 
-    let restored = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
+    let restored = plan.restore(&CacheFactory::contiguous(), &dense()).unwrap();
     assert_eq!(watch.alive(), 0);
     assert!(
         weaks[3].upgrade().is_none(),
         "served state released once copied"
     );
-    assert_rows(&*restored.cache, &prompt, 2000);
+    assert_rows(restored.sequence.kv(), &prompt, 2000);
 }
 
 #[test]
@@ -99,16 +99,16 @@ fn a_served_ssd_candidate_and_its_unserved_rivals_are_gone_after_the_restore() {
         "the refused RAM rival is not held"
     );
 
-    let restored = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
+    let restored = plan.restore(&CacheFactory::contiguous(), &dense()).unwrap();
     assert_eq!(
         watch.alive(),
         0,
         "the served SSD candidate is dropped once copied"
     );
-    assert_rows(&*restored.cache, &prompt, 1200);
+    assert_rows(restored.sequence.kv(), &prompt, 1200);
     // The restored cache holds only its own rows.
     assert_eq!(
-        restored.cache.logical_bytes(),
+        restored.sequence.kv().logical_bytes(),
         1200 * SHAPE.bytes_per_token()
     );
 }

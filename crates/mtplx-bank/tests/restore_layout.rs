@@ -30,14 +30,14 @@ fn ram_restores_build_the_layout_asked_for_whatever_layout_was_stored() {
         for asked in factories() {
             let plan = bank.lookup(&query(&id, &prompt));
             assert_eq!(plan.mode(), RestoreMode::Clone);
-            let r = plan.restore(&asked, SHAPE).unwrap();
+            let r = plan.restore(&asked, &dense()).unwrap();
             assert_eq!(
-                r.cache.layout(),
+                r.sequence.kv().layout(),
                 asked.layout(),
                 "stored {:?}",
                 stored.layout()
             );
-            assert_rows(&*r.cache, &prompt, 700);
+            assert_rows(r.sequence.kv(), &prompt, 700);
         }
     }
 }
@@ -61,9 +61,9 @@ fn ssd_exact_restores_build_the_layout_asked_for() {
     for asked in factories() {
         let plan = bank.lookup(&query(&id, &prompt));
         assert_eq!(plan.mode(), RestoreMode::SsdClone);
-        let r = plan.restore(&asked, SHAPE).unwrap();
-        seen.push(r.cache.layout());
-        assert_rows(&*r.cache, &prompt, 700);
+        let r = plan.restore(&asked, &dense()).unwrap();
+        seen.push(r.sequence.kv().layout());
+        assert_rows(r.sequence.kv(), &prompt, 700);
         // Every layout lends its rows: blocks were read straight into the cache.
         let path = r.ssd_report.expect("restored from SSD").read_path;
         assert_ne!(path, ReadPath::Staged, "{:?}", asked.layout());
@@ -85,8 +85,8 @@ fn a_cold_start_also_uses_the_callers_layout() {
     let prompt = tokens(10, 1);
     let r = bank
         .lookup(&query(&id, &prompt))
-        .restore(&CacheFactory::segmented(), SHAPE)
+        .restore(&CacheFactory::segmented(), &dense())
         .unwrap();
-    assert_eq!(r.cache.layout(), LayoutKind::Segmented);
+    assert_eq!(r.sequence.kv().layout(), LayoutKind::Segmented);
     assert_eq!(r.prefix_len(), 0);
 }

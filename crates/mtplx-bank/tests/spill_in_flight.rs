@@ -57,8 +57,8 @@ fn an_entry_whose_spill_is_held_in_the_writer_is_restored_from_ram_and_still_cou
     assert!(e
         .log_fields()
         .contains(&("ram_entry_state", LogValue::Str("spill_queued".into()))));
-    let restored = plan.restore(&CacheFactory::paged(), SHAPE).unwrap();
-    assert_rows(&*restored.cache, &next, a.len());
+    let restored = plan.restore(&CacheFactory::paged(), &dense()).unwrap();
+    assert_rows(restored.sequence.kv(), &next, a.len());
     drop(restored);
 
     drop(hold);

@@ -46,8 +46,8 @@ fn evicted_conversation_comes_back_from_ssd_not_from_the_neighbours_system_promp
         "{e:?}"
     );
 
-    let restored = plan.restore(&CacheFactory::contiguous(), SHAPE).unwrap();
-    assert_rows(&*restored.cache, &prompt, a.len());
+    let restored = plan.restore(&CacheFactory::contiguous(), &dense()).unwrap();
+    assert_rows(restored.sequence.kv(), &prompt, a.len());
     assert_eq!(restored.explanation.mode, RestoreMode::SsdClone);
     assert!(restored.ssd_report.is_some_and(|r| r.rows == a.len()));
     // Not the whole prompt: the caller prefills the 50 new tokens, no continuation needed.

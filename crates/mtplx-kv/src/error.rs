@@ -34,8 +34,10 @@ pub enum KvError {
     },
     #[error("head_dim {0} is larger than the supported maximum of {max}", max = mtplx_kernels::attention::MAX_HEAD_DIM)]
     HeadDimTooLarge(usize),
-    #[error("the recurrent snapshot's layer shapes differ from the state's")]
+    #[error("the recurrent state's layer shapes differ from the model's")]
     RecurrentShapeMismatch,
+    #[error("{kv} K/V positions but a recurrent state after {recurrent} tokens")]
+    StateLengthMismatch { kv: usize, recurrent: usize },
     /// A cache in an accelerator's memory failed to copy or compute.
     #[error("device: {0}")]
     Device(String),

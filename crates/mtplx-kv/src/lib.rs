@@ -15,7 +15,9 @@
 //! Every layout runs the one kernel in [`mtplx_kernels::attention`], which reduces keys in blocks aligned
 //! to absolute positions: the output for a query is bit-identical whichever layout holds the
 //! rows and however many queries are computed together. [`RecurrentState`] holds the
-//! convolution and SSM state of hybrid models, with the same cheap snapshots.
+//! convolution and SSM state of hybrid models, with the same cheap snapshots; a [`Sequence`]
+//! is what a model runs on: K/V in the caller's layout plus that state and its checkpoints
+//! (none for an attention-only model).
 //!
 //! This crate must not know about models, tensor libraries, files or HTTP, and does no I/O:
 //! it stores `f32` rows and does arithmetic on them.
@@ -61,6 +63,7 @@ mod lend;
 mod paged;
 mod recurrent;
 mod segmented;
+mod sequence;
 mod shape;
 mod share;
 
@@ -73,5 +76,8 @@ pub use lend::{LentLayer, LentPiece};
 pub use paged::{BlockPool, Paged, PoolStats};
 pub use recurrent::{RecurrentLayerShape, RecurrentSnapshot, RecurrentState};
 pub use segmented::Segmented;
+pub use sequence::{
+    thin as thin_checkpoints, Checkpoint, CheckpointPolicy, Sequence, StateShape, MAX_CHECKPOINTS,
+};
 pub use shape::{KvShape, LayoutKind};
 pub use share::ShareTarget;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use mtplx_kv::CacheFactory;
+use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::{prefill, LanguageModel, Model, Want, WeightFormat};
 
 fn model_path() -> PathBuf {
@@ -39,7 +39,7 @@ fn bench(c: &mut Criterion) {
     ] {
         let model =
             Model::load(&path, format).expect("the default model (cargo xtask fetch-model)");
-        let shape = model.config().kv_shape();
+        let shape = model.state_shape();
         let name = format!("{format:?}").to_lowercase();
 
         let mut g = c.benchmark_group(format!("prefill/{name}"));
@@ -49,8 +49,8 @@ fn bench(c: &mut Criterion) {
             g.throughput(Throughput::Elements(n as u64));
             g.bench_with_input(BenchmarkId::from_parameter(n), &prompt, |b, prompt| {
                 b.iter(|| {
-                    let mut cache = CacheFactory::contiguous().new_cache(shape);
-                    prefill(&model, prompt, cache.as_mut(), 512).unwrap()
+                    let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
+                    prefill(&model, prompt, &mut cache, 512).unwrap()
                 })
             });
         }
@@ -60,12 +60,12 @@ fn bench(c: &mut Criterion) {
         g.sample_size(10).warm_up_time(Duration::from_millis(100));
         g.throughput(Throughput::Elements(1));
         for &ctx in decode_ctx {
-            let mut cache = CacheFactory::contiguous().new_cache(shape);
-            prefill(&model, &tokens(ctx), cache.as_mut(), 512).unwrap();
+            let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
+            prefill(&model, &tokens(ctx), &mut cache, 512).unwrap();
             g.bench_function(BenchmarkId::new("context", ctx), |b| {
                 b.iter(|| {
-                    let out = model.forward(&[42], cache.as_mut(), Want::Last).unwrap();
-                    cache.truncate(ctx);
+                    let out = model.forward(&[42], &mut cache, Want::Last).unwrap();
+                    cache.rewind(ctx).unwrap();
                     out
                 })
             });

@@ -44,7 +44,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use mtplx_kernels::attention::non_invariant::attend_blocks;
 use mtplx_kernels::attention::{attend, AttnGeometry, RowSource};
 use mtplx_kernels::non_invariant::{matmul_split_chains, matmul_wide_rows};
-use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_kv::{CacheFactory, KvCache, Sequence};
 use mtplx_model::kernels::{Pool, QuantMatrix};
 use mtplx_model::{prefill, LanguageModel, Model, Want, WeightFormat};
 
@@ -367,23 +367,22 @@ fn model(c: &mut Criterion) {
         .iter()
         .map(|(_, f)| Model::load(&path, *f).unwrap())
         .collect();
-    let shape = models[0].config().kv_shape();
     let factory = CacheFactory::contiguous();
     let ctx = tokens(128);
     let long = tokens(512);
-    let decode = |m: &Model, cache: &mut dyn KvCache| {
-        cache.truncate(ctx.len());
+    let decode = |m: &Model, cache: &mut Sequence| {
+        cache.rewind(ctx.len()).unwrap();
         black_box(m.forward(&[42], cache, Want::Last).unwrap());
     };
-    let fill = |m: &Model, cache: &mut dyn KvCache| {
-        cache.truncate(0);
+    let fill = |m: &Model, cache: &mut Sequence| {
+        cache.rewind(0).unwrap();
         black_box(prefill(m, &long, cache, 512).unwrap());
     };
-    let mut caches: Vec<Box<dyn KvCache>> = models
+    let mut caches: Vec<Sequence> = models
         .iter()
         .map(|m| {
-            let mut c = factory.new_cache(shape);
-            prefill(m, &ctx, c.as_mut(), 512).unwrap();
+            let mut c = m.new_sequence(&factory);
+            prefill(m, &ctx, &mut c, 512).unwrap();
             c
         })
         .collect();
@@ -393,6 +392,7 @@ fn model(c: &mut Criterion) {
     let (qh, hd) = (cfg.num_heads, cfg.head_dim);
     let scale = 1.0 / (hd as f32).sqrt();
     // Caches of 129 and 512 positions: a decode step's query and a prefill chunk's.
+    let shape = models[0].config().kv_shape();
     let att: Vec<Box<dyn KvCache>> = [129, 512]
         .iter()
         .map(|&len| {
@@ -419,11 +419,11 @@ fn model(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(1));
     for (((name, _), m), cache) in formats.iter().zip(&models).zip(caches.iter_mut()) {
         g.bench_function(BenchmarkId::new("decode_ctx128", name), |b| {
-            b.iter(|| decode(m, cache.as_mut()))
+            b.iter(|| decode(m, cache))
         });
         g.bench_function(BenchmarkId::new("prefill512", name), |b| {
-            let mut c = factory.new_cache(shape);
-            b.iter(|| fill(m, c.as_mut()))
+            let mut c = m.new_sequence(&factory);
+            b.iter(|| fill(m, &mut c))
         });
     }
     g.finish();
@@ -440,17 +440,16 @@ fn model(c: &mut Criterion) {
     );
     let mut d: Vec<Vec<f64>> = vec![Vec::new(); models.len() + 1];
     let mut p: Vec<Vec<f64>> = vec![Vec::new(); models.len() + 1];
-    let mut fill_caches: Vec<Box<dyn KvCache>> =
-        models.iter().map(|_| factory.new_cache(shape)).collect();
+    let mut fill_caches: Vec<Sequence> = models.iter().map(|m| m.new_sequence(&factory)).collect();
     for _ in 0..rounds {
         for (i, m) in models.iter().enumerate() {
             let s = Instant::now();
             for _ in 0..10 {
-                decode(m, caches[i].as_mut());
+                decode(m, &mut caches[i]);
             }
             d[i].push(s.elapsed().as_secs_f64() * 100.0);
             let s = Instant::now();
-            fill(m, fill_caches[i].as_mut());
+            fill(m, &mut fill_caches[i]);
             p[i].push(s.elapsed().as_secs_f64() * 1e3);
         }
         // The attention of a decode step at context 129, and of a 512-token prefill.

@@ -22,34 +22,38 @@ fn main() {
     let gpu = cuda.then(|| {
         let dev = mtplx_model::cuda::CudaDevice::open(0).expect("MTPLX_DEVICE=cuda: a device");
         println!("{dev:?}");
-        mtplx_model::cuda::CudaModel::from_model(&b.model, dev).expect("upload the model")
+        mtplx_model::cuda::CudaModel::from_model(
+            &mtplx_model::Model::load(&b.path, mtplx_model::WeightFormat::Native)
+                .expect("the dense model"),
+            dev,
+        )
+        .expect("upload the model")
     });
     #[cfg(feature = "cuda")]
     let (m, factory): (&dyn LanguageModel, CacheFactory) = match &gpu {
         Some(g) => (g, g.cache_factory()),
-        None => (&b.model, CacheFactory::contiguous()),
+        None => (&*b.model, CacheFactory::contiguous()),
     };
     #[cfg(not(feature = "cuda"))]
     let (m, factory): (&dyn LanguageModel, CacheFactory) = {
         assert!(!cuda, "MTPLX_DEVICE=cuda needs --features cuda");
-        (&b.model, CacheFactory::contiguous())
+        (&*b.model, CacheFactory::contiguous())
     };
     let prompt: Vec<u32> = (0..200u32).map(|i| 100 + i * 7).collect();
     let mut out = ForwardOutput::default();
     for want in [Want::All, Want::Last] {
         let mut base = f64::NAN;
         for n in 1..=6usize {
-            let mut cache = factory.new_cache(m.config().kv_shape());
-            m.forward(&prompt, cache.as_mut(), Want::Nothing).unwrap();
+            let mut cache = m.new_sequence(&factory);
+            m.forward(&prompt, &mut cache, Want::Nothing).unwrap();
             let toks: Vec<u32> = (0..n as u32).map(|i| 300 + i).collect();
             let reps = 60;
             let mut times = Vec::with_capacity(reps);
             for _ in 0..reps {
                 let t = Instant::now();
-                m.forward_into(&toks, cache.as_mut(), want, &mut out)
-                    .unwrap();
+                m.forward_into(&toks, &mut cache, want, &mut out).unwrap();
                 times.push(t.elapsed().as_secs_f64());
-                cache.truncate(prompt.len());
+                cache.rewind(prompt.len()).unwrap();
             }
             times.sort_by(f64::total_cmp);
             let (best, median) = (times[0], times[reps / 2]);
@@ -66,10 +70,10 @@ fn main() {
     }
     // Plain greedy decoding, 64 steps after the prompt: what a token costs in a loop.
     {
-        let mut cache = factory.new_cache(m.config().kv_shape());
+        let mut cache = m.new_sequence(&factory);
         let mut g = mtplx_model::Generator::new(
             m,
-            cache.as_mut(),
+            &mut cache,
             &prompt,
             mtplx_model::sampling::Sampler::greedy(),
             512,
@@ -95,8 +99,8 @@ fn main() {
     );
     let head = mtplx_model::mtp::MtpHead::load(&head_path, m, mtplx_model::mtp::Vocab::FromFile)
         .expect("head");
-    let mut cache = factory.new_cache(m.config().kv_shape());
-    let rows = m.forward(&prompt, cache.as_mut(), Want::Hidden).unwrap();
+    let mut cache = m.new_sequence(&factory);
+    let rows = m.forward(&prompt, &mut cache, Want::Hidden).unwrap();
     let h = head.hidden_size();
     let n = prompt.len() - 1;
     // One draft step of `runner` with its cache from `caches`: the median of 60.

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::chat::{ChatMessage, ChatRequest, ChatTemplate, Role};
 use crate::error::{ModelError, Result};
+use crate::hybrid::{self, HybridModel};
 use crate::model::{LanguageModel, Model};
 use crate::source::{GgufSource, HfSource};
 use crate::tokenizer::Tokenizer;
@@ -15,39 +16,57 @@ pub struct Bundle {
     pub id: String,
     /// Where it was loaded from.
     pub path: PathBuf,
-    pub model: Model,
+    /// A dense or a hybrid model, behind the one seam.
+    pub model: Box<dyn LanguageModel>,
     pub tokenizer: Tokenizer,
     /// The model's own chat template, when it has one.
     pub template: Option<ChatTemplate>,
 }
 
 impl Bundle {
-    /// Loads a GGUF file or a Hugging Face folder with its tokenizer and chat template.
+    /// Loads a GGUF file or a Hugging Face folder (dense, or a Qwen3-Next hybrid one) with
+    /// its tokenizer and chat template. A hybrid model always runs on mtplx's kernels
+    /// ([`WeightFormat::Native`]); another `format` is refused for it.
     pub fn load(path: &Path, format: WeightFormat) -> Result<Self> {
-        let (model, tokenizer) = if path.is_dir() {
-            let mut src = HfSource::open(path)?;
-            let config = src.config()?;
-            let model = Model::from_source(&mut src, config, format)?;
+        let (model, tokenizer): (Box<dyn LanguageModel>, _) = if path.is_dir() {
             let cfg = path.join("tokenizer_config.json");
             let tokenizer = Tokenizer::from_file(
                 &path.join("tokenizer.json"),
                 cfg.exists().then_some(cfg.as_path()),
             )?;
-            (model, tokenizer)
+            if is_hybrid_folder(path)? {
+                if format != WeightFormat::Native {
+                    return Err(ModelError::BadConfig {
+                        path: path.to_path_buf(),
+                        reason: format!(
+                            "a hybrid model runs on mtplx's kernels only (weights `native`), \
+                             not {format:?}"
+                        ),
+                    });
+                }
+                (Box::new(HybridModel::load(path)?), tokenizer)
+            } else {
+                let mut src = HfSource::open(path)?;
+                let config = src.config()?;
+                (
+                    Box::new(Model::from_source(&mut src, config, format)?),
+                    tokenizer,
+                )
+            }
         } else {
             let mut src = GgufSource::open(path)?;
             let config = src.config()?;
             let tokenizer = Tokenizer::from_gguf(src.content())?;
             let model = Model::from_source(&mut src, config, format)?;
-            (model, tokenizer)
+            (Box::new(model), tokenizer)
         };
-        if tokenizer.vocab_size() > model.config().vocab_size {
+        let vocab = model.dims().vocab_size;
+        if tokenizer.vocab_size() > vocab {
             return Err(ModelError::BadConfig {
                 path: path.to_path_buf(),
                 reason: format!(
-                    "the tokenizer has {} tokens but the model only {}",
+                    "the tokenizer has {} tokens but the model only {vocab}",
                     tokenizer.vocab_size(),
-                    model.config().vocab_size
                 ),
             });
         }
@@ -104,16 +123,28 @@ impl Bundle {
                 blake3::hash(text.as_bytes()).to_hex()[..32].to_string()
             },
         );
-        let c = self.model.config();
         ReuseKey {
-            model: format!(
-                "{} layers={} hidden={} vocab={}",
-                self.id, c.num_layers, c.hidden_size, c.vocab_size
-            ),
+            model: format!("{} {}", self.id, self.model.geometry()),
             chat_template,
-            numerics: format!("weights={:?}", self.model.format()),
+            numerics: self.model.numerics(),
         }
     }
+}
+
+/// Whether the Hugging Face folder `dir` holds a hybrid (Qwen3-Next) model, by its
+/// `config.json`'s `model_type`.
+fn is_hybrid_folder(dir: &Path) -> Result<bool> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::BadConfig {
+        path: path.clone(),
+        reason: format!("cannot read it: {e}"),
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::BadConfig {
+            path: path.clone(),
+            reason: format!("not JSON: {e}"),
+        })?;
+    Ok(value.get("model_type").and_then(|v| v.as_str()) == Some(hybrid::hf::MODEL_TYPE))
 }
 
 /// A model's public name: the file stem without a quantization suffix, or the folder name.

@@ -1,40 +1,30 @@
 //! Plain autoregressive generation: chunked prefill, then one token per step.
 
-use mtplx_kv::KvCache;
+use mtplx_kv::Sequence;
 
 use crate::error::Result;
 use crate::model::{ForwardOutput, LanguageModel, Want};
 use crate::sampling::Sampler;
 
-/// Runs `tokens` through the model in chunks of at most `chunk` tokens, appending to
-/// `cache`, and returns the last row's logits and hidden state.
+/// Runs `tokens` through the model in chunks of at most `chunk` tokens, folding them into
+/// `seq` and recording a checkpoint at each chunk's end (a hybrid model's restore points;
+/// an attention-only sequence records none), and returns the last row's logits and hidden
+/// state.
 pub fn prefill(
     model: &dyn LanguageModel,
     tokens: &[u32],
-    cache: &mut dyn KvCache,
+    seq: &mut Sequence,
     chunk: usize,
 ) -> Result<ForwardOutput> {
     let mut out = ForwardOutput::default();
-    prefill_into(model, tokens, cache, chunk, &mut out)?;
-    Ok(out)
-}
-
-/// [`prefill`] into `out`, reusing its buffers.
-pub fn prefill_into(
-    model: &dyn LanguageModel,
-    tokens: &[u32],
-    cache: &mut dyn KvCache,
-    chunk: usize,
-    out: &mut ForwardOutput,
-) -> Result<()> {
-    let chunk = chunk.max(1);
-    let pieces = tokens.chunks(chunk);
+    let pieces = tokens.chunks(chunk.max(1));
     let last = pieces.len().saturating_sub(1);
     for (i, piece) in pieces.enumerate() {
         let want = if i == last { Want::Last } else { Want::Nothing };
-        model.forward_into(piece, cache, want, out)?;
+        model.forward_into(piece, seq, want, &mut out)?;
+        seq.checkpoint();
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Why a generation ended.
@@ -66,7 +56,7 @@ impl FinishReason {
 /// never pays for a forward pass whose logits nobody reads.
 pub struct Generator<'a> {
     model: &'a dyn LanguageModel,
-    cache: &'a mut dyn KvCache,
+    seq: &'a mut Sequence,
     sampler: Sampler,
     prompt_len: usize,
     tokens: Vec<u32>,
@@ -77,12 +67,12 @@ pub struct Generator<'a> {
 }
 
 impl<'a> Generator<'a> {
-    /// Prefills whatever part of `prompt` the cache does not already hold (the cache must
-    /// hold a prefix of `prompt`, and at least one token is always recomputed so there are
-    /// logits to sample from).
+    /// Prefills whatever part of `prompt` the sequence does not already hold (it must hold
+    /// a prefix of `prompt`; at least one token is always recomputed so there are logits to
+    /// sample from, and a hybrid sequence rewinds to a checkpoint for that).
     pub fn new(
         model: &'a dyn LanguageModel,
-        cache: &'a mut dyn KvCache,
+        seq: &'a mut Sequence,
         prompt: &[u32],
         sampler: Sampler,
         chunk: usize,
@@ -90,12 +80,11 @@ impl<'a> Generator<'a> {
         if prompt.is_empty() {
             return Err(crate::ModelError::EmptyInput);
         }
-        let reuse = cache.len().min(prompt.len() - 1);
-        cache.truncate(reuse);
-        let out = prefill(model, &prompt[reuse..], cache, chunk)?;
+        let reuse = seq.rewind(seq.len().min(prompt.len() - 1))?;
+        let out = prefill(model, &prompt[reuse..], seq, chunk)?;
         Ok(Generator {
             model,
-            cache,
+            seq,
             sampler,
             prompt_len: prompt.len(),
             tokens: prompt.to_vec(),
@@ -109,7 +98,7 @@ impl<'a> Generator<'a> {
         if self.pending {
             let last = *self.tokens.last().expect("pending implies a token");
             self.model
-                .forward_into(&[last], self.cache, Want::Last, &mut self.out)?;
+                .forward_into(&[last], self.seq, Want::Last, &mut self.out)?;
         }
         let (prompt, generated) = self.tokens.split_at(self.prompt_len);
         let t = self
@@ -122,7 +111,7 @@ impl<'a> Generator<'a> {
 
     /// Whether another step fits in the context window.
     pub fn has_room(&self) -> bool {
-        self.tokens.len() < self.model.config().context_length
+        self.tokens.len() < self.model.dims().context_length
     }
 
     /// Tokens generated so far.
@@ -139,13 +128,13 @@ impl<'a> Generator<'a> {
 /// Greedy generation of up to `max_new` tokens, stopping after any of `stop_ids`.
 pub fn generate_greedy(
     model: &dyn LanguageModel,
-    cache: &mut dyn KvCache,
+    seq: &mut Sequence,
     prompt: &[u32],
     max_new: usize,
     stop_ids: &[u32],
     chunk: usize,
 ) -> Result<Vec<u32>> {
-    let mut g = Generator::new(model, cache, prompt, Sampler::greedy(), chunk)?;
+    let mut g = Generator::new(model, seq, prompt, Sampler::greedy(), chunk)?;
     for _ in 0..max_new {
         if !g.has_room() {
             break;

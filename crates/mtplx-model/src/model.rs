@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
-use mtplx_kv::KvCache;
+use mtplx_kv::{CacheFactory, Sequence, StateShape};
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -52,20 +52,35 @@ impl ForwardOutput {
     }
 }
 
-/// The seam the rest of mtplx uses: a causal language model that writes its K/V through a
-/// [`KvCache`]. Another backend (MLX on macOS, say) implements this trait.
-pub trait LanguageModel: Send + Sync {
-    fn config(&self) -> &ModelConfig;
+/// What every caller of a model needs to know of it, whatever its family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dims {
+    pub vocab_size: usize,
+    /// Width of a hidden row ([`ForwardOutput::hidden`], [`LanguageModel::embed`]).
+    pub hidden_size: usize,
+    /// Most positions a sequence may hold.
+    pub context_length: usize,
+}
 
-    /// Runs `tokens` at positions `cache.len()..`, appending their K/V to `cache`.
-    fn forward(
-        &self,
-        tokens: &[u32],
-        cache: &mut dyn KvCache,
-        want: Want,
-    ) -> Result<ForwardOutput> {
+/// The seam the rest of mtplx uses: a causal language model that runs on a [`Sequence`]
+/// (K/V in the caller's layout, plus the recurrent state and its checkpoints for a hybrid
+/// model; an attention-only model has none). Dense and hybrid models, and another backend
+/// (MLX on macOS, say), implement it; no caller has a path per family.
+pub trait LanguageModel: Send + Sync {
+    fn dims(&self) -> Dims;
+
+    /// The shape of the state a sequence of this model holds.
+    fn state_shape(&self) -> StateShape;
+
+    /// An empty sequence for this model, its K/V in `factory`'s layout.
+    fn new_sequence(&self, factory: &CacheFactory) -> Sequence {
+        Sequence::new(factory, &self.state_shape())
+    }
+
+    /// Runs `tokens` at positions `seq.len()..`, folding them into `seq`.
+    fn forward(&self, tokens: &[u32], seq: &mut Sequence, want: Want) -> Result<ForwardOutput> {
         let mut out = ForwardOutput::default();
-        self.forward_into(tokens, cache, want, &mut out)?;
+        self.forward_into(tokens, seq, want, &mut out)?;
         Ok(out)
     }
 
@@ -74,7 +89,7 @@ pub trait LanguageModel: Send + Sync {
     fn forward_into(
         &self,
         tokens: &[u32],
-        cache: &mut dyn KvCache,
+        seq: &mut Sequence,
         want: Want,
         out: &mut ForwardOutput,
     ) -> Result<()>;
@@ -84,6 +99,29 @@ pub trait LanguageModel: Send + Sync {
 
     /// Final norm and output head on hidden rows (`[n, hidden]` → `[n, vocab]`).
     fn head(&self, hidden: &[f32]) -> Result<Vec<f32>>;
+
+    /// What makes this model's states comparable: family and geometry, as text (part of
+    /// the key a stored state is reused under).
+    fn geometry(&self) -> String;
+
+    /// How the numbers are computed (the weight format: each runs its own kernels, so its
+    /// own bits), as text (part of the reuse key).
+    fn numerics(&self) -> String;
+
+    /// Bytes the weights take in memory.
+    fn weight_bytes(&self) -> usize;
+
+    /// Peak activation bytes of a prefill pass of `chunk_tokens` rows (for admission).
+    fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64;
+
+    /// Whether a row's result is bit-identical however the tokens before it arrived.
+    fn is_batch_invariant(&self) -> bool;
+
+    /// The geometry of the decoder layer an MTP head of this model repeats, where mtplx can
+    /// load one for the model's family (`None`: no MTP head layout is known for it).
+    fn mtp_layer(&self) -> Option<&ModelConfig> {
+        None
+    }
 }
 
 pub(crate) struct Layer {
@@ -293,6 +331,11 @@ impl Model {
         })
     }
 
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
     pub fn format(&self) -> WeightFormat {
         self.format
     }
@@ -364,8 +407,45 @@ fn check_shape(path: &Path, name: &str, got: &[usize], expected: &[usize]) -> Re
 }
 
 impl LanguageModel for Model {
-    fn config(&self) -> &ModelConfig {
-        &self.config
+    fn dims(&self) -> Dims {
+        let c = &self.config;
+        Dims {
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            context_length: c.context_length.min(self.rope.max_positions()),
+        }
+    }
+
+    fn state_shape(&self) -> StateShape {
+        StateShape::attention_only(self.config.kv_shape())
+    }
+
+    fn geometry(&self) -> String {
+        let c = &self.config;
+        format!(
+            "layers={} hidden={} vocab={}",
+            c.num_layers, c.hidden_size, c.vocab_size
+        )
+    }
+
+    fn numerics(&self) -> String {
+        format!("weights={:?}", self.format)
+    }
+
+    fn weight_bytes(&self) -> usize {
+        Model::weight_bytes(self)
+    }
+
+    fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64 {
+        self.config.prefill_activation_bytes(chunk_tokens)
+    }
+
+    fn is_batch_invariant(&self) -> bool {
+        Model::is_batch_invariant(self)
+    }
+
+    fn mtp_layer(&self) -> Option<&ModelConfig> {
+        Some(&self.config)
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -384,10 +464,11 @@ impl LanguageModel for Model {
     fn forward_into(
         &self,
         tokens: &[u32],
-        cache: &mut dyn KvCache,
+        seq: &mut Sequence,
         want: Want,
         out: &mut ForwardOutput,
     ) -> Result<()> {
+        let cache = seq.kv_mut();
         let c = &self.config;
         let n = tokens.len();
         if n == 0 {

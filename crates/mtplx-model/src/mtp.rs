@@ -294,7 +294,13 @@ impl MtpHead {
         trunk: &dyn LanguageModel,
         vocab: Vocab,
     ) -> Result<Self> {
-        let c = trunk.config().clone();
+        let c = trunk
+            .mtp_layer()
+            .ok_or_else(|| ModelError::BadConfig {
+                path: src.path().to_path_buf(),
+                reason: "mtplx has no MTP head layout for this model's family".into(),
+            })?
+            .clone();
         if !c.tie_embeddings {
             return Err(ModelError::BadConfig {
                 path: src.path().to_path_buf(),

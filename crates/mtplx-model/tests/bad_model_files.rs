@@ -171,15 +171,15 @@ fn out_of_range_tokens_are_an_error() {
     let p = dir.path().join("ok.gguf");
     support::write(&p, GgmlDType::F32, |_, _| {});
     let model = Model::load(&p, WeightFormat::F32).unwrap();
-    let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
+    let mut cache = model.new_sequence(&CacheFactory::contiguous());
     let e = model
-        .forward(&[5, 300], cache.as_mut(), Want::Last)
+        .forward(&[5, 300], &mut cache, Want::Last)
         .unwrap_err();
     assert!(
         matches!(e, ModelError::TokenOutOfRange { id: 300, .. }),
         "{e}"
     );
-    let e = model.forward(&[], cache.as_mut(), Want::Last).unwrap_err();
+    let e = model.forward(&[], &mut cache, Want::Last).unwrap_err();
     assert!(matches!(e, ModelError::EmptyInput), "{e}");
     assert_eq!(
         cache.len(),

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use mtplx_kv::{CacheFactory, LayoutKind};
+use mtplx_kv::{CacheFactory, LayoutKind, Sequence};
 use mtplx_model::cuda::{CudaDevice, CudaModel};
 use mtplx_model::sampling::argmax;
 use mtplx_model::{prefill, Bundle, LanguageModel, ModelError, Want, WeightFormat};
@@ -74,7 +74,12 @@ fn models() -> Option<&'static (Bundle, CudaModel)> {
             };
             eprintln!("device: {dev:?}");
             let b = Bundle::load(&model_path(), WeightFormat::Native).expect("default model");
-            let gpu = CudaModel::from_model(&b.model, dev).expect("upload the model");
+            let gpu = CudaModel::from_model(
+                &mtplx_model::Model::load(&b.path, mtplx_model::WeightFormat::Native)
+                    .expect("the dense model"),
+                dev,
+            )
+            .expect("upload the model");
             Some((b, gpu))
         })
         .as_ref()
@@ -140,8 +145,8 @@ fn the_cuda_model_gives_the_reference_tokens_and_logits() {
             case.name,
             case.prompt_ids.len()
         );
-        let mut cache = factory.new_cache(gpu.config().kv_shape());
-        let out = prefill(gpu, &case.prompt_ids, cache.as_mut(), chunk).unwrap();
+        let mut cache = gpu.new_sequence(&factory);
+        let out = prefill(gpu, &case.prompt_ids, &mut cache, chunk).unwrap();
         let logits = out.last_logits();
         assert_eq!(argmax(logits), case.first_step.argmax, "{}", case.name);
         let probes = g.probe_ids.iter().zip(&case.first_step.probe_logits);
@@ -156,15 +161,15 @@ fn the_cuda_model_gives_the_reference_tokens_and_logits() {
             worst_ref = worst_ref.max(err);
             assert!(err < LOGIT_TOLERANCE, "{}: logit {id}: {err}", case.name);
         }
-        let mut host = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
-        let cpu = prefill(&b.model, &case.prompt_ids, host.as_mut(), 512).unwrap();
+        let mut host = b.model.new_sequence(&CacheFactory::contiguous());
+        let cpu = prefill(&*b.model, &case.prompt_ids, &mut host, 512).unwrap();
         for (a, w) in logits.iter().zip(cpu.last_logits()) {
             worst_cpu = worst_cpu.max((a - w).abs());
         }
         let mut next = argmax(logits);
         let mut got = vec![next];
         while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-            let out = gpu.forward(&[next], cache.as_mut(), Want::Last).unwrap();
+            let out = gpu.forward(&[next], &mut cache, Want::Last).unwrap();
             next = argmax(out.last_logits());
             got.push(next);
         }
@@ -188,15 +193,15 @@ fn a_row_is_the_same_bits_in_any_block() {
     let _one = one_at_a_time();
     let Some((_, gpu)) = models() else { return };
     let factory = gpu.cache_factory();
-    let shape = gpu.config().kv_shape();
+    let shape = gpu.state_shape();
     let prompt: Vec<u32> = golden().cases[0].prompt_ids.clone();
     let block = [28u32, 3405, 282, 4649, 314, 7042];
-    let mut a = factory.new_cache(shape);
-    prefill(gpu, &prompt, a.as_mut(), 512).unwrap();
+    let mut a = Sequence::new(&factory, &shape);
+    prefill(gpu, &prompt, &mut a, 512).unwrap();
     let mut b = a.fork();
-    let all = gpu.forward(&block, a.as_mut(), Want::All).unwrap();
+    let all = gpu.forward(&block, &mut a, Want::All).unwrap();
     for (r, &t) in block.iter().enumerate() {
-        let one = gpu.forward(&[t], b.as_mut(), Want::Last).unwrap();
+        let one = gpu.forward(&[t], &mut b, Want::Last).unwrap();
         assert_eq!(one.last_logits(), all.logits_row(r), "row {r}: logits");
         assert_eq!(
             one.hidden[..],
@@ -208,8 +213,8 @@ fn a_row_is_the_same_bits_in_any_block() {
     whole.extend_from_slice(&block);
     let mut last = None;
     for chunk in [1, 3, 8, 9, 512] {
-        let mut c = factory.new_cache(shape);
-        let out = prefill(gpu, &whole, c.as_mut(), chunk).unwrap();
+        let mut c = Sequence::new(&factory, &shape);
+        let out = prefill(gpu, &whole, &mut c, chunk).unwrap();
         if let Some(prev) = &last {
             assert_eq!(out.last_logits(), prev, "chunk {chunk}");
         }
@@ -225,52 +230,50 @@ fn device_caches_snapshot_restore_fork_and_truncate() {
     let _one = one_at_a_time();
     let Some((_, gpu)) = models() else { return };
     let factory = gpu.cache_factory();
-    let shape = gpu.config().kv_shape();
+    let shape = gpu.state_shape();
     let prompt = golden().cases[1].prompt_ids.clone();
     // A cache that never held a row forks too.
-    assert_eq!(factory.new_cache(shape).fork().len(), 0);
-    let mut cache = factory.new_cache(shape);
-    prefill(gpu, &prompt, cache.as_mut(), 64).unwrap();
+    assert_eq!(Sequence::new(&factory, &shape).fork().len(), 0);
+    let mut cache = Sequence::new(&factory, &shape);
+    prefill(gpu, &prompt, &mut cache, 64).unwrap();
     let n = cache.len();
     assert_eq!(n, prompt.len());
-    let snap = cache.snapshot();
+    let snap = cache.kv().snapshot();
     assert_eq!(
         snap.layout(),
         LayoutKind::Contiguous,
         "snapshots are host copies"
     );
     assert_eq!(snap.len(), n);
-    let row = shape.row_len();
-    for layer in [0, shape.layers - 1] {
+    let row = shape.kv.row_len();
+    for layer in [0, shape.kv.layers - 1] {
         let (mut k1, mut v1) = (vec![0f32; n * row], vec![0f32; n * row]);
         let (mut k2, mut v2) = (vec![0f32; n * row], vec![0f32; n * row]);
-        cache.read_rows(layer, 0..n, &mut k1, &mut v1).unwrap();
+        cache.kv().read_rows(layer, 0..n, &mut k1, &mut v1).unwrap();
         snap.read_rows(layer, 0..n, &mut k2, &mut v2).unwrap();
         assert_eq!((k1, v1), (k2, v2));
     }
     let next = [42u32];
-    let want = gpu
-        .forward(&next, cache.fork().as_mut(), Want::Last)
-        .unwrap();
+    let want = gpu.forward(&next, &mut cache.fork(), Want::Last).unwrap();
     // From the host snapshot, through a paged cache, back to the device.
     let paged = CacheFactory::paged().restore(&*snap, n).unwrap();
-    let mut back = factory.restore(&*paged, n).unwrap();
-    assert_eq!(back.layout(), LayoutKind::Device);
-    let got = gpu.forward(&next, back.as_mut(), Want::Last).unwrap();
+    let mut back = Sequence::from(factory.restore(&*paged, n).unwrap());
+    assert_eq!(back.kv().layout(), LayoutKind::Device);
+    let got = gpu.forward(&next, &mut back, Want::Last).unwrap();
     assert_eq!(got.last_logits(), want.last_logits(), "restored");
     // Rollback: a speculative block truncated away leaves the cache as it was.
-    gpu.forward(&[7, 8, 9], cache.as_mut(), Want::All).unwrap();
-    cache.truncate(n);
-    let got = gpu.forward(&next, cache.as_mut(), Want::Last).unwrap();
+    gpu.forward(&[7, 8, 9], &mut cache, Want::All).unwrap();
+    assert_eq!(cache.rewind(n).unwrap(), n);
+    let got = gpu.forward(&next, &mut cache, Want::Last).unwrap();
     assert_eq!(got.last_logits(), want.last_logits(), "after rollback");
     // A partial restore runs the dropped positions again and lands on the same bits.
-    let mut short = factory.restore(&*snap, n - 5).unwrap();
+    let mut short = Sequence::from(factory.restore(&*snap, n - 5).unwrap());
     let again = gpu
-        .forward(&prompt[n - 5..], short.as_mut(), Want::Last)
+        .forward(&prompt[n - 5..], &mut short, Want::Last)
         .unwrap();
-    let mut full = factory.restore(&*snap, n).unwrap();
-    let a = gpu.forward(&next, short.as_mut(), Want::Last).unwrap();
-    let b = gpu.forward(&next, full.as_mut(), Want::Last).unwrap();
+    let mut full = Sequence::from(factory.restore(&*snap, n).unwrap());
+    let a = gpu.forward(&next, &mut short, Want::Last).unwrap();
+    let b = gpu.forward(&next, &mut full, Want::Last).unwrap();
     assert_eq!(a.last_logits(), b.last_logits());
     assert_eq!(a.last_logits(), want.last_logits());
     assert_eq!(again.rows, 1);
@@ -280,29 +283,27 @@ fn device_caches_snapshot_restore_fork_and_truncate() {
 fn a_host_cache_is_refused_with_a_reason() {
     let _one = one_at_a_time();
     let Some((b, gpu)) = models() else { return };
-    let mut host = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
-    let err = gpu.forward(&[1, 2], host.as_mut(), Want::Last).unwrap_err();
+    let mut host = b.model.new_sequence(&CacheFactory::contiguous());
+    let err = gpu.forward(&[1, 2], &mut host, Want::Last).unwrap_err();
     assert!(matches!(err, ModelError::Device(_)), "{err}");
     assert_eq!(host.len(), 0);
     // So is a device cache of another geometry (the head's one layer): the kernels would
     // write through addresses it does not have.
     let head_shape = mtplx_kv::KvShape {
         layers: 1,
-        ..b.model.config().kv_shape()
+        ..b.model.state_shape().kv
     };
-    let mut small = gpu.cache_factory().new_cache(head_shape);
-    let err = gpu
-        .forward(&[1, 2], small.as_mut(), Want::Last)
-        .unwrap_err();
+    let mut small = Sequence::from(gpu.cache_factory().new_cache(head_shape));
+    let err = gpu.forward(&[1, 2], &mut small, Want::Last).unwrap_err();
     assert!(
         matches!(err, ModelError::Kv(mtplx_kv::KvError::ShapeMismatch { .. })),
         "{err}"
     );
     assert_eq!(small.len(), 0);
     // Out-of-range tokens are refused before anything runs.
-    let mut cache = gpu.cache_factory().new_cache(b.model.config().kv_shape());
+    let mut cache = b.model.new_sequence(&gpu.cache_factory());
     let err = gpu
-        .forward(&[u32::MAX], cache.as_mut(), Want::Last)
+        .forward(&[u32::MAX], &mut cache, Want::Last)
         .unwrap_err();
     assert!(matches!(err, ModelError::TokenOutOfRange { .. }), "{err}");
     assert_eq!(cache.len(), 0);
@@ -335,16 +336,16 @@ fn the_gpu_mtp_head_matches_the_cpu_head() {
     let Some((b, gpu)) = models() else { return };
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/mtp/smollm2-135m-mtp.safetensors");
-    let cpu_head = MtpHead::load(&path, &b.model, Vocab::FromFile).unwrap();
+    let cpu_head = MtpHead::load(&path, &*b.model, Vocab::FromFile).unwrap();
     let gpu_head = CudaMtpHead::new(&cpu_head, gpu).unwrap();
     assert_eq!(MtpRunner::kv_shape(&gpu_head), cpu_head.kv_shape());
     let prompt = golden().cases[0].prompt_ids.clone();
-    let mut trunk_cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
+    let mut trunk_cache = b.model.new_sequence(&CacheFactory::contiguous());
     let rows = b
         .model
-        .forward(&prompt, trunk_cache.as_mut(), Want::Hidden)
+        .forward(&prompt, &mut trunk_cache, Want::Hidden)
         .unwrap();
-    let h = b.model.config().hidden_size;
+    let h = b.model.dims().hidden_size;
     let close = |a: &[f32], b: &[f32], what: &str| {
         assert_eq!(a.len(), b.len(), "{what}");
         let worst = a

@@ -9,10 +9,10 @@ use mtplx_model::{LanguageModel, Model, Want, WeightFormat};
 
 fn logits(path: &std::path::Path, format: WeightFormat) -> Vec<f32> {
     let model = Model::load(path, format).unwrap();
-    let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
+    let mut cache = model.new_sequence(&CacheFactory::contiguous());
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 % 300) as u32).collect();
     model
-        .forward(&prompt, cache.as_mut(), Want::Last)
+        .forward(&prompt, &mut cache, Want::Last)
         .unwrap()
         .logits
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use mtplx_kv::CacheFactory;
 use mtplx_model::chat::{ChatMessage, ChatRequest};
 use mtplx_model::sampling::argmax;
-use mtplx_model::{prefill, Bundle, LanguageModel, Want, WeightFormat};
+use mtplx_model::{prefill, Bundle, Want, WeightFormat};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -92,8 +92,8 @@ fn f32_path_matches_the_reference_token_for_token() {
         // Vary the prefill chunk between cases: chunking must not change the tokens.
         let chunk = [512, 7, 64, 1][i % 4];
         let chunk = if ids.len() > 512 { 512 } else { chunk };
-        let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
-        let out = prefill(&b.model, &ids, cache.as_mut(), chunk).unwrap();
+        let mut cache = b.model.new_sequence(&CacheFactory::contiguous());
+        let out = prefill(&*b.model, &ids, &mut cache, chunk).unwrap();
         let logits = out.last_logits();
         assert_eq!(argmax(logits), case.first_step.argmax, "{}", case.name);
         let probes = g.probe_ids.iter().zip(&case.first_step.probe_logits);
@@ -117,10 +117,7 @@ fn f32_path_matches_the_reference_token_for_token() {
         let mut next = argmax(logits);
         let mut got = vec![next];
         while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-            let out = b
-                .model
-                .forward(&[next], cache.as_mut(), Want::Last)
-                .unwrap();
+            let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
             next = argmax(out.last_logits());
             got.push(next);
         }
@@ -150,12 +147,12 @@ fn native_path_matches_the_f32_path_and_the_reference_tokens() {
     let g = golden();
     let mut worst = 0f32;
     for case in &g.golden.cases {
-        let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
-        let out = prefill(&b.model, &case.prompt_ids, cache.as_mut(), 512).unwrap();
+        let mut cache = b.model.new_sequence(&CacheFactory::contiguous());
+        let out = prefill(&*b.model, &case.prompt_ids, &mut cache, 512).unwrap();
         let logits = out.last_logits();
         if case.prompt_ids.len() < 512 {
-            let mut fc = CacheFactory::contiguous().new_cache(f.model.config().kv_shape());
-            let want = prefill(&f.model, &case.prompt_ids, fc.as_mut(), 512).unwrap();
+            let mut fc = f.model.new_sequence(&CacheFactory::contiguous());
+            let want = prefill(&*f.model, &case.prompt_ids, &mut fc, 512).unwrap();
             for (a, w) in logits.iter().zip(want.last_logits()) {
                 worst = worst.max((a - w).abs());
             }
@@ -163,10 +160,7 @@ fn native_path_matches_the_f32_path_and_the_reference_tokens() {
         let mut next = argmax(logits);
         let mut got = vec![next];
         while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-            let out = b
-                .model
-                .forward(&[next], cache.as_mut(), Want::Last)
-                .unwrap();
+            let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
             next = argmax(out.last_logits());
             got.push(next);
         }
@@ -190,10 +184,10 @@ fn quantized_path_stays_close_to_the_reference() {
     let g = golden();
     let mut worst = 0f32;
     for case in g.golden.cases.iter().filter(|c| c.prompt_ids.len() < 512) {
-        let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
+        let mut cache = b.model.new_sequence(&CacheFactory::contiguous());
         let out = b
             .model
-            .forward(&case.prompt_ids, cache.as_mut(), Want::Last)
+            .forward(&case.prompt_ids, &mut cache, Want::Last)
             .unwrap();
         let logits = out.last_logits();
         let top5: Vec<u32> = case.first_step.top20.iter().take(5).map(|p| p.0).collect();

@@ -38,9 +38,9 @@ fn check(arch: &str, want_arch: Architecture) {
     assert_eq!(model.config().tie_embeddings, expected.tie_word_embeddings);
     let factory = CacheFactory::contiguous();
     for case in &expected.cases {
-        let mut cache = factory.new_cache(model.config().kv_shape());
+        let mut cache = model.new_sequence(&factory);
         let out = model
-            .forward(&case.input_ids, cache.as_mut(), Want::Last)
+            .forward(&case.input_ids, &mut cache, Want::Last)
             .unwrap();
         let err = out
             .last_logits()
@@ -51,10 +51,9 @@ fn check(arch: &str, want_arch: Architecture) {
         assert!(err < 1e-4, "{arch}/{}: max |logit error| {err}", case.name);
 
         for chunk in [1, 3, 512] {
-            let mut cache = factory.new_cache(model.config().kv_shape());
+            let mut cache = model.new_sequence(&factory);
             let n = case.greedy_tokens.len();
-            let got =
-                generate_greedy(&model, cache.as_mut(), &case.input_ids, n, &[], chunk).unwrap();
+            let got = generate_greedy(&model, &mut cache, &case.input_ids, n, &[], chunk).unwrap();
             assert_eq!(
                 got, case.greedy_tokens,
                 "{arch}/{} chunk {chunk}",

@@ -2,12 +2,12 @@
 //! hybrid model ends in the same state bit for bit: every row's logits, every recurrent
 //! buffer (convolution and delta-rule state), every K/V row, and the checkpoints.
 
+use mtplx_kv::{CheckpointPolicy, Sequence};
+use mtplx_model::LanguageModel as _;
 use std::num::NonZeroUsize;
 
 use mtplx_kv::CacheFactory;
-use mtplx_model::hybrid::{
-    CheckpointPolicy, HybridCache, HybridConfig, HybridModel, HybridWeights,
-};
+use mtplx_model::hybrid::{HybridConfig, HybridModel, HybridWeights};
 use mtplx_model::Want;
 use proptest::prelude::*;
 
@@ -27,7 +27,7 @@ struct State {
 fn run(model: &HybridModel, prompt: &[u32], splits: &[usize], factory: &CacheFactory) -> State {
     let c = model.config();
     let policy = CheckpointPolicy::Every(NonZeroUsize::new(8).unwrap());
-    let mut cache = HybridCache::new(c, factory, policy);
+    let mut cache = Sequence::new(factory, &c.state_shape()).with_policy(policy);
     let mut logits = Vec::new();
     let mut start = 0;
     for &len in splits.iter().chain([&prompt.len()]) {
@@ -41,7 +41,7 @@ fn run(model: &HybridModel, prompt: &[u32], splits: &[usize], factory: &CacheFac
         }
         start = end;
     }
-    let r = cache.recurrent();
+    let r = cache.recurrent().unwrap();
     assert_eq!(r.tokens(), prompt.len());
     let recurrent = (0..r.layers())
         .flat_map(|l| [bits(r.conv(l).unwrap()), bits(r.ssm(l).unwrap())])
@@ -62,6 +62,7 @@ fn run(model: &HybridModel, prompt: &[u32], splits: &[usize], factory: &CacheFac
         .collect();
     let checkpoints = cache
         .checkpoints()
+        .unwrap()
         .iter()
         .map(|cp| {
             let s = &cp.state;

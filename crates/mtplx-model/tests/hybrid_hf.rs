@@ -2,12 +2,12 @@
 //! weights and the same logits, and a checkpoint that is incomplete, misshapen, truncated
 //! or of a kind the model does not compute is an error that names what is wrong.
 
+use mtplx_kv::Sequence;
+use mtplx_model::LanguageModel as _;
 use std::path::Path;
 
 use mtplx_kv::CacheFactory;
-use mtplx_model::hybrid::{
-    hf, CheckpointPolicy, HybridCache, HybridConfig, HybridModel, HybridWeights,
-};
+use mtplx_model::hybrid::{hf, HybridConfig, HybridModel, HybridWeights};
 use mtplx_model::{ModelError, Want};
 use serde_json::Value;
 
@@ -19,11 +19,7 @@ fn saved(config: &HybridConfig, seed: u64) -> (tempfile::TempDir, HybridWeights)
 }
 
 fn logits(model: &HybridModel, config: &HybridConfig, ids: &[u32]) -> Vec<f32> {
-    let mut cache = HybridCache::new(
-        config,
-        &CacheFactory::contiguous(),
-        CheckpointPolicy::OnDemand,
-    );
+    let mut cache = Sequence::new(&CacheFactory::contiguous(), &config.state_shape());
     model.forward(ids, &mut cache, Want::All).unwrap().logits
 }
 

@@ -3,13 +3,12 @@
 //! attention streams keys in blocks (never a queries × keys score matrix). Measured with a
 //! global allocator that tracks the peak of live bytes (this file's own binary).
 
+use mtplx_kv::Sequence;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mtplx_kv::CacheFactory;
-use mtplx_model::hybrid::{
-    CheckpointPolicy, HybridCache, HybridConfig, HybridModel, HybridWeights,
-};
+use mtplx_model::hybrid::{HybridConfig, HybridModel, HybridWeights};
 
 struct Peak;
 
@@ -41,10 +40,10 @@ fn prefill_peak(
     chunk: usize,
 ) -> (usize, usize) {
     let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 3) % 256).collect();
-    let mut cache = HybridCache::new(config, &CacheFactory::paged(), CheckpointPolicy::OnDemand);
+    let mut cache = Sequence::new(&CacheFactory::paged(), &config.state_shape());
     let start = LIVE.load(Ordering::SeqCst);
     PEAK.store(start, Ordering::SeqCst);
-    model.prefill(&tokens, &mut cache, chunk).unwrap();
+    mtplx_model::prefill(model, &tokens, &mut cache, chunk).unwrap();
     let peak = PEAK.load(Ordering::SeqCst) - start;
     let s = config.kv_shape();
     let kv = n * s.layers * 2 * s.kv_heads * s.head_dim * std::mem::size_of::<f32>();

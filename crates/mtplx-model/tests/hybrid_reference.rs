@@ -6,10 +6,11 @@
 //! one formula wrong is farther than that, so the tolerance tells them apart.
 
 use mtplx_kv::CacheFactory;
+use mtplx_kv::Sequence;
 use mtplx_model::hybrid::{
-    AttentionWeights, CheckpointPolicy, GdnWeights, HybridCache, HybridConfig, HybridModel,
-    HybridWeights, MixerWeights,
+    AttentionWeights, GdnWeights, HybridConfig, HybridModel, HybridWeights, MixerWeights,
 };
+use mtplx_model::LanguageModel as _;
 use mtplx_model::Want;
 
 const TOLERANCE: f64 = 1e-4;
@@ -320,7 +321,7 @@ fn the_model_matches_an_independent_float64_implementation() {
     let ids = tokens(300, config.vocab_size, 0x9E37_79B9);
 
     // The model's logits for every position, in chunks of 50.
-    let mut cache = HybridCache::new(&config, &CacheFactory::paged(), CheckpointPolicy::OnDemand);
+    let mut cache = Sequence::new(&CacheFactory::paged(), &config.state_shape());
     let mut got = Vec::new();
     for chunk in ids.chunks(50) {
         let out = model.forward(chunk, &mut cache, Want::All).unwrap();
@@ -450,7 +451,7 @@ fn a_checkpoint_loaded_under_the_published_names_matches_the_reference() {
     // The user's path: the folder through the loader.
     let model = HybridModel::load(dir.path()).unwrap();
     let ids = tokens(120, config.vocab_size, 0x51ED_270B);
-    let mut cache = HybridCache::new(&config, &CacheFactory::paged(), CheckpointPolicy::OnDemand);
+    let mut cache = Sequence::new(&CacheFactory::paged(), &config.state_shape());
     let out = model.forward(&ids, &mut cache, Want::All).unwrap();
     let got: Vec<Vec<f32>> = (0..out.rows).map(|r| out.logits_row(r).to_vec()).collect();
     // The reference reads the file its own way.

@@ -6,12 +6,12 @@
 //! loader a user's folder goes through, must give the same logits: this is what checks
 //! the published names, the layouts and the formulas against the implementation users run.
 
+use mtplx_kv::Sequence;
+use mtplx_model::LanguageModel as _;
 use std::path::PathBuf;
 
 use mtplx_kv::CacheFactory;
-use mtplx_model::hybrid::{
-    hf, CheckpointPolicy, HybridCache, HybridConfig, HybridModel, HybridWeights,
-};
+use mtplx_model::hybrid::{hf, HybridConfig, HybridModel, HybridWeights};
 use mtplx_model::Want;
 use serde_json::Value;
 
@@ -47,7 +47,7 @@ fn a_checkpoint_gives_transformers_logits() {
     let dir = tempfile::tempdir().unwrap();
     hf::save(dir.path(), &config, &HybridWeights::random(&config, 11)).unwrap();
     let model = HybridModel::load(dir.path()).unwrap();
-    let mut cache = HybridCache::new(&config, &CacheFactory::paged(), CheckpointPolicy::OnDemand);
+    let mut cache = Sequence::new(&CacheFactory::paged(), &config.state_shape());
     let mut got: Vec<Vec<f32>> = Vec::new();
     for chunk in ids.chunks(17) {
         let out = model.forward(chunk, &mut cache, Want::All).unwrap();

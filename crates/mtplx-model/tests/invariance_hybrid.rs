@@ -6,12 +6,12 @@
 //! layout. Checkpoints land on the grid and at the end of each prompt whatever the chunks,
 //! and hold the same bits.
 
+use mtplx_kv::{CheckpointPolicy, Sequence};
+use mtplx_model::LanguageModel as _;
 use std::num::NonZeroUsize;
 
 use mtplx_kv::CacheFactory;
-use mtplx_model::hybrid::{
-    CheckpointPolicy, HybridCache, HybridConfig, HybridModel, HybridWeights,
-};
+use mtplx_model::hybrid::{HybridConfig, HybridModel, HybridWeights};
 use mtplx_model::sampling::{Penalties, RandomSampling, Sampler, Sampling};
 use mtplx_model::Want;
 
@@ -88,7 +88,7 @@ struct Trace {
 
 fn decode(
     model: &HybridModel,
-    cache: &mut HybridCache,
+    cache: &mut Sequence,
     prompt: &[u32],
     last_logits: &[f32],
     mut sampler: Sampler,
@@ -126,14 +126,10 @@ enum Arrival {
     RestoreIntoNewCache,
 }
 
-fn earlier_turn(
-    model: &HybridModel,
-    prompt: &[u32],
-    factory: &CacheFactory,
-) -> (HybridCache, usize) {
-    let mut cache = HybridCache::new(model.config(), factory, policy());
+fn earlier_turn(model: &HybridModel, prompt: &[u32], factory: &CacheFactory) -> (Sequence, usize) {
+    let mut cache = Sequence::new(factory, &model.config().state_shape()).with_policy(policy());
     let m = prompt.len() * 2 / 3;
-    let out = model.prefill(&prompt[..m], &mut cache, 7).unwrap();
+    let out = mtplx_model::prefill(model, &prompt[..m], &mut cache, 7).unwrap();
     // The earlier turn's answer, which the new prompt does not share.
     decode(
         model,
@@ -152,44 +148,51 @@ fn arrive(
     prompt: &[u32],
     factory: &CacheFactory,
     how: Arrival,
-) -> (HybridCache, Vec<f32>) {
+) -> (Sequence, Vec<f32>) {
     let (mut cache, from) = match how {
         Arrival::Cold(chunk) => {
-            let mut cache = HybridCache::new(model.config(), factory, policy());
-            let out = model.prefill(prompt, &mut cache, chunk).unwrap();
+            let mut cache =
+                Sequence::new(factory, &model.config().state_shape()).with_policy(policy());
+            let out = mtplx_model::prefill(model, prompt, &mut cache, chunk).unwrap();
             return (cache, out.last_logits().to_vec());
         }
         Arrival::RollbackToPromptEnd => {
             let (mut cache, m) = earlier_turn(model, prompt, factory);
-            let at = cache.rollback(m).unwrap();
+            let at = cache.rewind(m).unwrap();
             assert_eq!(at, m, "the earlier prompt's end is a checkpoint");
             (cache, at)
         }
         Arrival::RollbackToGrid => {
             let (mut cache, m) = earlier_turn(model, prompt, factory);
-            let at = cache.rollback(m - 1).unwrap();
-            assert_eq!(at, (m - 1) / EVERY * EVERY, "the grid checkpoint below");
+            let at = cache.rewind(m - 1).unwrap();
+            // The newest below: on the grid or at the end of one of the prefill's chunks.
+            let below = ((m - 1) / EVERY * EVERY).max((m - 1) / 7 * 7);
+            assert_eq!(at, below, "the checkpoint below");
             (cache, at)
         }
         Arrival::RestoreIntoNewCache => {
             let (source, m) = earlier_turn(model, prompt, &CacheFactory::contiguous());
             let cp = source
                 .checkpoints()
+                .unwrap()
                 .iter()
                 .rev()
                 .find(|c| c.position < m)
                 .unwrap()
                 .clone();
-            assert_eq!(cp.position, (m - 1) / EVERY * EVERY);
+            assert_eq!(cp.position, ((m - 1) / EVERY * EVERY).max((m - 1) / 7 * 7));
             let kv = factory
                 .restore(&*source.kv().snapshot(), cp.position)
                 .unwrap();
-            let cache = HybridCache::from_parts(kv, cp.state.to_state(), policy()).unwrap();
+            let shape = model.config().state_shape();
+            let cache = Sequence::from_parts(&shape, kv, Some(cp.state.to_state()))
+                .unwrap()
+                .with_policy(policy());
             (cache, cp.position)
         }
     };
     assert_eq!(cache.len(), from);
-    let out = model.prefill(&prompt[from..], &mut cache, 7).unwrap();
+    let out = mtplx_model::prefill(model, &prompt[from..], &mut cache, 7).unwrap();
     (cache, out.last_logits().to_vec())
 }
 
@@ -246,19 +249,34 @@ fn tokens_and_logits_do_not_depend_on_how_the_prompt_arrived_or_the_layout() {
 fn checkpoints_land_on_the_grid_and_the_prompt_end_with_the_same_bits_whatever_the_chunks() {
     let model = model();
     let prompt = &prompts(model.config().vocab_size)[1];
-    let want: Vec<usize> = (1..=prompt.len() / EVERY)
+    let grid: Vec<usize> = (1..=prompt.len() / EVERY)
         .map(|i| i * EVERY)
         .chain([prompt.len()])
         .collect();
     let mut reference: Option<Vec<Vec<u32>>> = None;
     for chunk in [1, 5, 16, 64, prompt.len()] {
-        let mut cache = HybridCache::new(model.config(), &CacheFactory::paged(), policy());
-        model.prefill(prompt, &mut cache, chunk).unwrap();
-        let at: Vec<usize> = cache.checkpoints().iter().map(|c| c.position).collect();
+        // The grid's, and the prefill's at the end of every chunk.
+        let mut want: Vec<usize> = (1..=prompt.len() / chunk)
+            .map(|i| i * chunk)
+            .chain(grid.iter().copied())
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let mut cache = Sequence::new(&CacheFactory::paged(), &model.config().state_shape())
+            .with_policy(policy());
+        mtplx_model::prefill(&model, prompt, &mut cache, chunk).unwrap();
+        let at: Vec<usize> = cache
+            .checkpoints()
+            .unwrap()
+            .iter()
+            .map(|c| c.position)
+            .collect();
         assert_eq!(at, want, "chunks of {chunk}");
         let states: Vec<Vec<u32>> = cache
             .checkpoints()
+            .unwrap()
             .iter()
+            .filter(|c| grid.contains(&c.position))
             .flat_map(|c| {
                 assert_eq!(c.state.tokens(), c.position);
                 (0..c.state.layers()).flat_map(|l| {

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::{prefill, ForwardOutput, LanguageModel, Model, Want, WeightFormat};
 use serde::Deserialize;
 
@@ -60,7 +60,7 @@ enum Arrival {
     PrefixThenSingles { tail: usize },
 }
 
-fn run(model: &Model, cache: &mut dyn KvCache, ids: &[u32], how: Arrival) -> ForwardOutput {
+fn run(model: &Model, cache: &mut Sequence, ids: &[u32], how: Arrival) -> ForwardOutput {
     match how {
         Arrival::Chunks(c) => prefill(model, ids, cache, c).unwrap(),
         Arrival::PrefixThenSingles { tail } => {
@@ -78,7 +78,7 @@ fn run(model: &Model, cache: &mut dyn KvCache, ids: &[u32], how: Arrival) -> For
 }
 
 /// Greedy continuation of `n` tokens, with their logits' bits.
-fn continue_greedy(model: &Model, cache: &mut dyn KvCache, first: &[f32], n: usize) -> Vec<u32> {
+fn continue_greedy(model: &Model, cache: &mut Sequence, first: &[f32], n: usize) -> Vec<u32> {
     let mut next = mtplx_model::sampling::argmax(first);
     let mut got = vec![next];
     let mut out = ForwardOutput::default();
@@ -95,7 +95,7 @@ fn continue_greedy(model: &Model, cache: &mut dyn KvCache, first: &[f32], n: usi
 #[test]
 fn logits_do_not_depend_on_the_prefill_chunk_or_the_layout() {
     let model = load();
-    let shape = model.config().kv_shape();
+    let shape = model.state_shape();
     let layouts = [
         ("contiguous", CacheFactory::contiguous()),
         ("paged", CacheFactory::paged()),
@@ -132,10 +132,10 @@ fn logits_do_not_depend_on_the_prefill_chunk_or_the_layout() {
                 if li > 0 && (ai > 1 || (long && ai > 0)) {
                     continue;
                 }
-                let mut cache = factory.new_cache(shape);
-                let out = run(&model, cache.as_mut(), ids, how);
+                let mut cache = Sequence::new(factory, &shape);
+                let out = run(&model, &mut cache, ids, how);
                 let logits = bits(out.last_logits());
-                let tokens = continue_greedy(&model, cache.as_mut(), out.last_logits(), 8);
+                let tokens = continue_greedy(&model, &mut cache, out.last_logits(), 8);
                 match &reference {
                     None => reference = Some((logits, tokens)),
                     Some((want, want_tokens)) => {
@@ -158,16 +158,16 @@ fn logits_do_not_depend_on_the_prefill_chunk_or_the_layout() {
 #[test]
 fn every_row_of_a_block_equals_the_step_at_its_position() {
     let model = load();
-    let shape = model.config().kv_shape();
+    let shape = model.state_shape();
     let case = cases().into_iter().find(|c| c.name == "chat_code").unwrap();
     let (ctx, block) = case.prompt_ids.split_at(case.prompt_ids.len() - 5);
-    let mut a = CacheFactory::contiguous().new_cache(shape);
-    prefill(&model, ctx, a.as_mut(), 64).unwrap();
-    let all = model.forward(block, a.as_mut(), Want::All).unwrap();
-    let mut b = CacheFactory::paged().new_cache(shape);
-    prefill(&model, ctx, b.as_mut(), 7).unwrap();
+    let mut a = Sequence::new(&CacheFactory::contiguous(), &shape);
+    prefill(&model, ctx, &mut a, 64).unwrap();
+    let all = model.forward(block, &mut a, Want::All).unwrap();
+    let mut b = Sequence::new(&CacheFactory::paged(), &shape);
+    prefill(&model, ctx, &mut b, 7).unwrap();
     for (r, t) in block.iter().enumerate() {
-        let one = model.forward(&[*t], b.as_mut(), Want::Last).unwrap();
+        let one = model.forward(&[*t], &mut b, Want::Last).unwrap();
         assert_eq!(bits(all.logits_row(r)), bits(one.last_logits()), "row {r}");
         let h = model.config().hidden_size;
         assert_eq!(bits(&all.hidden[r * h..(r + 1) * h]), bits(&one.hidden));

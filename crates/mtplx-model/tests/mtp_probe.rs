@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use mtplx_kv::CacheFactory;
 use mtplx_model::mtp::{MtpHead, Vocab};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
-use mtplx_model::{Bundle, LanguageModel, Want, WeightFormat};
+use mtplx_model::{Bundle, Want, WeightFormat};
 
 fn model_path() -> PathBuf {
     let path = std::env::var_os("MTPLX_TEST_MODEL")
@@ -77,20 +77,20 @@ fn shipped_head_matches_its_training_graph() {
     assert!(row + 2 < ids.len());
 
     let b = Bundle::load(&model_path(), WeightFormat::Native).expect("model");
-    let head = MtpHead::load(&head, &b.model, Vocab::Full).expect("head");
+    let head = MtpHead::load(&head, &*b.model, Vocab::Full).expect("head");
     let factory = CacheFactory::contiguous();
-    let mut trunk_cache = factory.new_cache(b.model.config().kv_shape());
+    let mut trunk_cache = b.model.new_sequence(&factory);
     let out = b
         .model
-        .forward(&ids, trunk_cache.as_mut(), Want::All)
+        .forward(&ids, &mut trunk_cache, Want::All)
         .expect("trunk");
-    let h = b.model.config().hidden_size;
+    let h = b.model.dims().hidden_size;
 
     // Depth 1 at `row`: the head observes rows 0..=row (hidden h_p, next token p+1).
     let mut cache = factory.new_cache(head.kv_shape());
     let o1 = head
         .forward(
-            &b.model,
+            &*b.model,
             &out.hidden[..(row + 1) * h],
             &ids[1..row + 2],
             cache.as_mut(),
@@ -102,7 +102,7 @@ fn shipped_head_matches_its_training_graph() {
     // Depth 2: its own output and token row+2, at position row+1.
     let o2 = head
         .forward(
-            &b.model,
+            &*b.model,
             last,
             &ids[row + 2..row + 3],
             cache.as_mut(),

@@ -280,6 +280,15 @@ pub struct SsdArgs {
         value_parser = parse_seconds
     )]
     pub ssd_session_cache_idle_write_s: f64,
+    /// The fewest prompt tokens a hybrid model's stored state must cover at one of its
+    /// checkpoints to be restored (RAM or SSD); below it the prompt is computed instead
+    /// (`prefix_boundary_below_floor`, `ssd_prefix_boundary_below_floor`).
+    #[arg(
+        long,
+        env = "MTPLX_SSD_SESSION_CACHE_MIN_PREFIX_TOKENS",
+        default_value_t = crate::cache::DEFAULT_MIN_PREFIX_TOKENS
+    )]
+    pub ssd_session_cache_min_prefix_tokens: usize,
 }
 
 /// Whether `host` names the loopback interface.
@@ -419,6 +428,7 @@ impl SsdArgs {
         t.ssd_max_bytes = self.ssd_session_cache_max_size;
         t.ssd_free_disk_floor = self.ssd_session_cache_free_disk_floor;
         t.bank.idle_write = Some(Duration::from_secs_f64(self.ssd_session_cache_idle_write_s));
+        t.min_prefix_tokens = self.ssd_session_cache_min_prefix_tokens;
     }
 }
 

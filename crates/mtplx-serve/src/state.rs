@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use mtplx_bank::FlushReport;
 
-use mtplx_model::{Bundle, LanguageModel};
+use mtplx_model::Bundle;
 use tokio::sync::Semaphore;
 
 use crate::cache::{CacheTier, Pipeline, SsdMode, TierConfig};
@@ -93,7 +93,7 @@ impl AppState {
             },
         )
         .map_err(std::io::Error::other)?;
-        let model_ctx = bundle.model.config().context_length;
+        let model_ctx = bundle.model.dims().context_length;
         let context_window = settings
             .context_window
             .map_or(model_ctx, |c| c.clamp(2, model_ctx));

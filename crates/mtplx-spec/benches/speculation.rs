@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use mtplx_kv::CacheFactory;
+use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::mtp::{MtpHead, MtpRunner, Vocab};
 use mtplx_model::sampling::Sampler;
@@ -83,12 +83,17 @@ fn bench(c: &mut Criterion) {
     let gpu = cuda.then(|| {
         let dev = mtplx_model::cuda::CudaDevice::open(0).expect("MTPLX_DEVICE=cuda: a device");
         eprintln!("trunk on {dev:?}");
-        mtplx_model::cuda::CudaModel::from_model(&b.model, dev).expect("upload the model")
+        mtplx_model::cuda::CudaModel::from_model(
+            &mtplx_model::Model::load(&b.path, mtplx_model::WeightFormat::Native)
+                .expect("the dense model"),
+            dev,
+        )
+        .expect("upload the model")
     });
     #[cfg(feature = "cuda")]
     let (model, factory): (&dyn LanguageModel, CacheFactory) = match &gpu {
         Some(g) => (g, g.cache_factory()),
-        None => (&b.model, CacheFactory::contiguous()),
+        None => (&*b.model, CacheFactory::contiguous()),
     };
     #[cfg(not(feature = "cuda"))]
     let (model, factory): (&dyn LanguageModel, CacheFactory) = {
@@ -96,9 +101,9 @@ fn bench(c: &mut Criterion) {
             !cuda,
             "MTPLX_DEVICE=cuda needs the bench built with --features cuda"
         );
-        (&b.model, CacheFactory::contiguous())
+        (&*b.model, CacheFactory::contiguous())
     };
-    let shape = model.config().kv_shape();
+    let shape = model.state_shape();
     let head_path = std::env::var_os("MTPLX_MTP_HEAD")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -134,9 +139,9 @@ fn bench(c: &mut Criterion) {
             .iter()
             .map(|text| {
                 let ids = prompt(&b, text);
-                let mut base = factory.new_cache(shape);
+                let mut base = Sequence::new(&factory, &shape);
                 let rows = model
-                    .forward(&ids[..ids.len() - 1], base.as_mut(), Want::Hidden)
+                    .forward(&ids[..ids.len() - 1], &mut base, Want::Hidden)
                     .unwrap();
                 let mut observed =
                     MtpProposer::new(model, head.clone(), &head_factory, DraftSampling::Greedy);
@@ -148,16 +153,18 @@ fn bench(c: &mut Criterion) {
                     })
                     .unwrap();
                 Case {
-                    snapshot: base.snapshot(),
+                    snapshot: base.kv().snapshot(),
                     ids,
                     observed,
                 }
             })
             .collect();
         let fresh = |case: &Case| {
-            factory
-                .restore(&*case.snapshot, case.ids.len() - 1)
-                .unwrap()
+            Sequence::from(
+                factory
+                    .restore(&*case.snapshot, case.ids.len() - 1)
+                    .unwrap(),
+            )
         };
         // The server's own loop (mtplx_spec::drive), never stopping early.
         let never = |_: u32| false;
@@ -167,7 +174,7 @@ fn bench(c: &mut Criterion) {
                 let r = Request::new(&case.ids, Sampler::greedy(), new_tokens(), &never);
                 drive(
                     model,
-                    cache.as_mut(),
+                    &mut cache,
                     &r,
                     Decode::Plain,
                     &mut Collect::default(),
@@ -203,7 +210,7 @@ fn bench(c: &mut Criterion) {
                 };
                 let r = Request::new(&case.ids, Sampler::greedy(), new_tokens(), &never);
                 let decode = Decode::Speculative { proposer, policy };
-                let report = drive(model, cache.as_mut(), &r, decode, &mut Collect::default())
+                let report = drive(model, &mut cache, &r, decode, &mut Collect::default())
                     .unwrap()
                     .speculation
                     .expect("a speculative generation reports its speculation");

@@ -10,7 +10,7 @@ use std::time::Instant;
 use mtplx_kv::CacheFactory;
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, LanguageModel, WeightFormat};
+use mtplx_model::{Bundle, WeightFormat};
 use mtplx_spec::{drive, Decode, DepthPolicy, Observer, PromptLookup, Request};
 
 /// Prints the answer as it is generated.
@@ -50,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let text = b.template.as_ref().expect("chat template").render(&req)?;
     let ids = b.tokenizer.encode(&text, Special::Parse)?;
     eprintln!("prompt ids ({}): {ids:?}", ids.len());
-    let mut cache = CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
+    let mut cache = b.model.new_sequence(&CacheFactory::contiguous());
     let decode = if speculate {
         Decode::Speculative {
             proposer: Box::new(PromptLookup::default()),
@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut print = Print {
         decoder: b.tokenizer.stream_decoder(SpecialText::Skip),
     };
-    let report = drive(&b.model, cache.as_mut(), &request, decode, &mut print)?;
+    let report = drive(&*b.model, &mut cache, &request, decode, &mut print)?;
     println!("{}", print.decoder.finish());
     eprintln!(
         "{} prompt tokens in {:.2} s, {} new tokens in {:.2} s ({:.1} tok/s), ended by {:?}",

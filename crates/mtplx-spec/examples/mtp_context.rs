@@ -23,7 +23,7 @@ use mtplx_kv::CacheFactory;
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::mtp::{MtpHead, Vocab};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, LanguageModel, WeightFormat};
+use mtplx_model::{Bundle, WeightFormat};
 use mtplx_spec::{
     drive, Collect, Decode, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, Proposer,
     Request, SpecStats,
@@ -272,8 +272,8 @@ fn render(b: &Bundle, system: Option<&str>, messages: &[ChatMessage]) -> Vec<u32
 /// The model's greedy answer to `prompt`, and the tokens whose K/V a server would keep
 /// (the prompt and the answer but its last token).
 fn answer(b: &Bundle, prompt: &[u32]) -> (Vec<u32>, Vec<u32>) {
-    let model = &b.model;
-    let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
+    let model = &*b.model;
+    let mut cache = model.new_sequence(&CacheFactory::contiguous());
     let is_stop = |t: u32| b.tokenizer.is_stop(t);
     let request = Request {
         chunk: CHUNK,
@@ -281,7 +281,7 @@ fn answer(b: &Bundle, prompt: &[u32]) -> (Vec<u32>, Vec<u32>) {
     };
     let tokens = drive(
         model,
-        cache.as_mut(),
+        &mut cache,
         &request,
         Decode::Plain,
         &mut Collect::default(),
@@ -300,7 +300,7 @@ enum Kind {
 
 fn proposer<'a>(b: &'a Bundle, head: &Arc<MtpHead>, kind: Kind) -> Box<dyn Proposer + 'a> {
     let mtp = MtpProposer::new(
-        &b.model,
+        &*b.model,
         head.clone(),
         &CacheFactory::contiguous(),
         DraftSampling::Greedy,
@@ -321,10 +321,10 @@ fn decode(
     restored: usize,
     new_tokens: usize,
 ) -> (Vec<u32>, SpecStats) {
-    let model = &b.model;
-    let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
+    let model = &*b.model;
+    let mut cache = model.new_sequence(&CacheFactory::contiguous());
     if restored > 0 {
-        mtplx_model::prefill(model, &prompt[..restored], cache.as_mut(), CHUNK).unwrap();
+        mtplx_model::prefill(model, &prompt[..restored], &mut cache, CHUNK).unwrap();
     }
     // The driver shows the head every prompt row it computes (an MTP head wants them).
     let decode = Decode::Speculative {
@@ -336,14 +336,7 @@ fn decode(
         chunk: CHUNK,
         ..Request::new(prompt, Sampler::greedy(), new_tokens, &is_stop)
     };
-    let report = drive(
-        model,
-        cache.as_mut(),
-        &request,
-        decode,
-        &mut Collect::default(),
-    )
-    .unwrap();
+    let report = drive(model, &mut cache, &request, decode, &mut Collect::default()).unwrap();
     let stats = report.speculation.expect("speculative").stats;
     (report.tokens[prompt.len()..].to_vec(), stats)
 }
@@ -391,7 +384,7 @@ fn main() {
     let b = Bundle::load(&path, WeightFormat::Native).unwrap();
     let head_path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/mtp/smollm2-135m-mtp.safetensors");
-    let head = Arc::new(MtpHead::load(&head_path, &b.model, Vocab::FromFile).unwrap());
+    let head = Arc::new(MtpHead::load(&head_path, &*b.model, Vocab::FromFile).unwrap());
 
     let kinds = [(Kind::Mtp, "mtp"), (Kind::LookupThenMtp, "lookup+mtp")];
     let mut totals: Vec<[SpecStats; 3]> = vec![Default::default(), Default::default()];

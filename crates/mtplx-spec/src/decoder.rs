@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use mtplx_kv::KvCache;
+use mtplx_kv::Sequence;
 use mtplx_model::sampling::{Distribution, Sampler, Target};
 use mtplx_model::{prefill, ForwardOutput, LanguageModel, ModelError, Want};
 
@@ -13,8 +13,11 @@ use crate::stats::SpecStats;
 
 /// A generation in progress with speculation.
 ///
-/// The cache always holds the K/V of every token but the newest, which is run through the
-/// model at the start of the next verify block (`[newest, d1 … dk]`, k + 1 rows).
+/// The sequence always holds every token but the newest, which is run through the model at
+/// the start of the next verify block (`[newest, d1 … dk]`, k + 1 rows). After the verify
+/// it keeps what was accepted: K/V rows are trimmed; a hybrid model's recurrent state,
+/// which cannot be trimmed, comes back from a checkpoint taken before the block and the
+/// accepted tokens are run again (the same calls for both: [`Sequence::rewind`]).
 ///
 /// Acceptance keeps the output exactly the model's own:
 /// - greedy: a draft token is accepted while it equals the model's argmax;
@@ -25,7 +28,7 @@ use crate::stats::SpecStats;
 ///   rejection a token is drawn from the normalised `(p − q)+`; lossless in distribution.
 pub struct SpecDecoder<'a> {
     model: &'a dyn LanguageModel,
-    cache: &'a mut dyn KvCache,
+    seq: &'a mut Sequence,
     sampler: Sampler,
     prompt_len: usize,
     tokens: Vec<u32>,
@@ -34,6 +37,8 @@ pub struct SpecDecoder<'a> {
     unseen: Option<(usize, Vec<f32>)>,
     /// The verify pass's output, reused: a step allocates no logits once it has grown.
     out: ForwardOutput,
+    /// The output of re-running accepted tokens after a rewind (read by no one).
+    redo: ForwardOutput,
     pub stats: SpecStats,
 }
 
@@ -49,21 +54,21 @@ pub enum PromptHidden {
 }
 
 impl<'a> SpecDecoder<'a> {
-    /// Prefills `prompt` (the part the cache does not hold) and samples the first token.
+    /// Prefills `prompt` (the part the sequence does not hold) and samples the first token.
     pub fn new(
         model: &'a dyn LanguageModel,
-        cache: &'a mut dyn KvCache,
+        seq: &'a mut Sequence,
         prompt: &[u32],
         sampler: Sampler,
         chunk: usize,
     ) -> Result<Self> {
-        Self::with_prompt_hidden(model, cache, prompt, sampler, chunk, PromptHidden::Last)
+        Self::with_prompt_hidden(model, seq, prompt, sampler, chunk, PromptHidden::Last)
     }
 
     /// [`SpecDecoder::new`], keeping the prompt's trunk hidden states as `hidden` says.
     pub fn with_prompt_hidden(
         model: &'a dyn LanguageModel,
-        cache: &'a mut dyn KvCache,
+        seq: &'a mut Sequence,
         prompt: &[u32],
         mut sampler: Sampler,
         chunk: usize,
@@ -72,34 +77,35 @@ impl<'a> SpecDecoder<'a> {
         if prompt.is_empty() {
             return Err(ModelError::EmptyInput.into());
         }
-        let reuse = cache.len().min(prompt.len() - 1);
-        cache.truncate(reuse);
+        let reuse = seq.rewind(seq.len().min(prompt.len() - 1))?;
         let out = match hidden {
-            PromptHidden::Last => prefill(model, &prompt[reuse..], cache, chunk)?,
+            PromptHidden::Last => prefill(model, &prompt[reuse..], seq, chunk)?,
             PromptHidden::All => {
                 // The last piece's logits (only its last row is read) and every row's hidden.
                 let mut hidden = Vec::new();
                 let mut last = ForwardOutput::default();
                 for piece in prompt[reuse..].chunks(chunk.max(1)) {
-                    last = model.forward(piece, cache, Want::All)?;
+                    last = model.forward(piece, seq, Want::All)?;
+                    seq.checkpoint();
                     hidden.extend_from_slice(&last.hidden);
                 }
                 ForwardOutput { hidden, ..last }
             }
         };
         let first = sampler.sample(out.last_logits(), prompt, &[]);
-        let h = model.config().hidden_size;
+        let h = model.dims().hidden_size;
         let first_pos = prompt.len() - out.hidden.len() / h;
         let mut tokens = prompt.to_vec();
         tokens.push(first);
         Ok(SpecDecoder {
             model,
-            cache,
+            seq,
             sampler,
             prompt_len: prompt.len(),
             tokens,
             unseen: Some((first_pos, out.hidden)),
             out: ForwardOutput::default(),
+            redo: ForwardOutput::default(),
             stats: SpecStats::default(),
         })
     }
@@ -107,7 +113,7 @@ impl<'a> SpecDecoder<'a> {
     /// Shows the proposer the trunk rows it has not seen.
     fn show(&mut self, proposer: &mut dyn Proposer) -> Result<()> {
         if let Some((pos, hidden)) = self.unseen.take() {
-            let h = self.model.config().hidden_size;
+            let h = self.model.dims().hidden_size;
             let n = hidden.len() / h;
             if n > 0 {
                 proposer.observe(&TrunkRows {
@@ -132,7 +138,7 @@ impl<'a> SpecDecoder<'a> {
     /// Room left in the context window (tokens).
     fn room(&self) -> usize {
         self.model
-            .config()
+            .dims()
             .context_length
             .saturating_sub(self.tokens.len())
     }
@@ -171,8 +177,12 @@ impl<'a> SpecDecoder<'a> {
         let mut input = Vec::with_capacity(k + 1);
         input.push(self.tokens[old_len - 1]);
         input.extend_from_slice(&draft.tokens);
+        // Where a hybrid model's state comes back from if a draft is rejected (recorded only
+        // for a block with drafts; none for an attention-only model).
+        let block_start = old_len - 1;
+        let marked = k > 0 && self.seq.checkpoint();
         self.model
-            .forward_into(&input, self.cache, Want::All, &mut self.out)?;
+            .forward_into(&input, self.seq, Want::All, &mut self.out)?;
 
         let mut emitted = Vec::with_capacity(k + 1);
         for i in 0..=k {
@@ -213,11 +223,20 @@ impl<'a> SpecDecoder<'a> {
         if let Some(s) = emitted[..cut].iter().position(|&t| is_stop(t)) {
             cut = s + 1;
         }
-        // The cache holds tokens[..old_len] and the k drafts; keep what precedes the newest
-        // appended token.
-        self.cache.truncate(old_len + cut - 1);
+        // The sequence holds tokens[..old_len] and the k drafts; keep what precedes the
+        // newest appended token, running again what a rewind to a checkpoint dropped.
+        let keep = block_start + cut;
+        let reached = self.seq.rewind(keep)?;
+        if reached < keep {
+            let redo = &input[reached - block_start..cut];
+            self.model
+                .forward_into(redo, self.seq, Want::Nothing, &mut self.redo)?;
+        }
+        if marked {
+            self.seq.forget(block_start);
+        }
         self.tokens.extend_from_slice(&emitted[..cut]);
-        let h = self.model.config().hidden_size;
+        let h = self.model.dims().hidden_size;
         self.unseen = Some((old_len - 1, self.out.hidden[..cut * h].to_vec()));
         Ok(StepOutcome {
             appended: cut,

@@ -1,6 +1,6 @@
 //! A smaller model that shares the tokenizer drafts for the bigger one.
 
-use mtplx_kv::{CacheFactory, KvCache};
+use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::sampling::{argmax, Distribution, RandomSampling, Rng};
 use mtplx_model::{LanguageModel, Want};
 
@@ -16,12 +16,13 @@ pub enum DraftSampling {
     Random(RandomSampling),
 }
 
-/// Drafts with its own model and its own KV cache, kept in step with the context: only the
-/// tokens it has not seen are run through it.
+/// Drafts with its own model and its own sequence, kept in step with the context: only the
+/// tokens it has not seen are run through it (a hybrid draft model rewinds to a checkpoint
+/// and runs the rest again).
 pub struct DraftModel<M: LanguageModel> {
     model: M,
-    cache: Box<dyn KvCache>,
-    /// The tokens whose K/V the cache holds.
+    seq: Sequence,
+    /// The tokens the sequence holds.
     seen: Vec<u32>,
     sampling: DraftSampling,
     rng: Rng,
@@ -29,21 +30,21 @@ pub struct DraftModel<M: LanguageModel> {
 
 impl<M: LanguageModel> DraftModel<M> {
     pub fn new(model: M, factory: &CacheFactory, sampling: DraftSampling) -> Self {
-        let cache = factory.new_cache(model.config().kv_shape());
+        let seq = model.new_sequence(factory);
         let seed = match sampling {
             DraftSampling::Random(r) => r.seed,
             DraftSampling::Greedy => 0,
         };
         DraftModel {
             model,
-            cache,
+            seq,
             seen: Vec::new(),
             sampling,
             rng: Rng::new(seed),
         }
     }
 
-    /// Brings the cache to `tokens[..len-1]` and returns the logits after `tokens`.
+    /// Brings the sequence to `tokens[..len-1]` and returns the logits after `tokens`.
     fn sync(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let common = self
             .seen
@@ -52,11 +53,15 @@ impl<M: LanguageModel> DraftModel<M> {
             .take_while(|(a, b)| a == b)
             .count()
             .min(tokens.len() - 1);
-        self.cache.truncate(common);
+        let common = self.seq.rewind(common)?;
+        // Where the next sync rewinds to (a hybrid draft model's; none for attention only).
+        if self.seq.checkpoint() {
+            self.seq.thin(mtplx_kv::MAX_CHECKPOINTS);
+        }
         self.seen.truncate(common);
         let out = self
             .model
-            .forward(&tokens[common..], self.cache.as_mut(), Want::Last)?;
+            .forward(&tokens[common..], &mut self.seq, Want::Last)?;
         self.seen.extend_from_slice(&tokens[common..]);
         Ok(out.last_logits().to_vec())
     }
@@ -73,7 +78,7 @@ impl<M: LanguageModel> Proposer for DraftModel<M> {
         }
         let room = self
             .model
-            .config()
+            .dims()
             .context_length
             .saturating_sub(ctx.tokens.len());
         let k = ctx.max_len.min(room);
@@ -94,7 +99,7 @@ impl<M: LanguageModel> Proposer for DraftModel<M> {
             };
             draft.tokens.push(t);
             if i + 1 < k {
-                let out = self.model.forward(&[t], self.cache.as_mut(), Want::Last)?;
+                let out = self.model.forward(&[t], &mut self.seq, Want::Last)?;
                 self.seen.push(t);
                 logits = out.last_logits().to_vec();
             }

@@ -1,8 +1,11 @@
 //! The generation driver: the one loop from a cache holding a prefix of the prompt to the
 //! last token, used by the server's engine, the examples and the benches.
 //!
-//! [`drive`] prefills what the cache lacks in chunks (checking for cancellation before each
-//! one and showing an MTP proposer the prompt's hidden rows as they are computed), then
+//! [`drive`] prefills what the sequence lacks in chunks (checking for cancellation before
+//! each one and showing an MTP proposer the prompt's hidden rows as they are computed, and
+//! recording a hybrid model's checkpoints at every chunk's end and on a grid of
+//! [`TAIL_GRID`] tokens over the prompt's last [`TAIL_SPAN`], thinned to
+//! [`mtplx_kv::MAX_CHECKPOINTS`] as it goes), then
 //! decodes plainly ([`Generator`]) or speculatively ([`SpecDecoder`]) until a stop token,
 //! `max_tokens`, the context window, a cancellation or its caller says stop. It times the
 //! prefill and every token. What the tokens mean (text, stop strings, a client) is the
@@ -15,9 +18,9 @@
 //! use mtplx_spec::{drive, Collect, Decode, End, Request};
 //!
 //! let prompt = [1, 2, 3];
-//! let mut cache = CacheFactory::contiguous().new_cache(model.config().kv_shape());
+//! let mut seq = model.new_sequence(&CacheFactory::contiguous());
 //! let request = Request::new(&prompt, Sampler::greedy(), 16, &|t| t == 2);
-//! let report = drive(model, cache.as_mut(), &request, Decode::Plain, &mut Collect::default())?;
+//! let report = drive(model, &mut seq, &request, Decode::Plain, &mut Collect::default())?;
 //! assert!(report.completion_tokens <= 16);
 //! assert!(matches!(report.end, End::StopToken | End::Length | End::ContextFull));
 //! # Ok(()) }
@@ -26,7 +29,7 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use mtplx_kv::KvCache;
+use mtplx_kv::{Sequence, MAX_CHECKPOINTS};
 use mtplx_model::sampling::Sampler;
 use mtplx_model::{Generator, LanguageModel, ModelError, Want};
 
@@ -36,9 +39,16 @@ use crate::policy::DepthPolicy;
 use crate::proposer::{Proposer, TrunkRows};
 use crate::stats::SpecStats;
 
+/// Spacing of the checkpoints the prefill records near the prompt's end (besides those at
+/// chunk ends): a retry or an edit of the last message restores close to where it diverges.
+pub const TAIL_GRID: usize = 256;
+
+/// How far back from the prompt's end the [`TAIL_GRID`] reaches.
+pub const TAIL_SPAN: usize = 1024;
+
 /// What to generate.
 pub struct Request<'r> {
-    /// The whole prompt; the cache passed to [`drive`] holds a prefix of it (maybe empty).
+    /// The whole prompt; the sequence passed to [`drive`] holds a prefix of it (maybe empty).
     pub prompt: &'r [u32],
     pub sampler: Sampler,
     /// Most tokens to generate.
@@ -151,7 +161,7 @@ pub struct Report {
     pub decode_steps: u64,
     /// `None` for plain decoding.
     pub speculation: Option<SpecReport>,
-    /// Prompt and generated tokens: every token whose K/V the cache may hold.
+    /// Prompt and generated tokens: every token the sequence may hold.
     pub tokens: Vec<u32>,
 }
 
@@ -165,10 +175,10 @@ impl Report {
     }
 }
 
-/// Generates into `cache` (which holds a prefix of `request.prompt`, maybe empty).
+/// Generates into `seq` (which holds a prefix of `request.prompt`, maybe empty).
 pub fn drive<'a>(
     model: &'a dyn LanguageModel,
-    cache: &'a mut dyn KvCache,
+    seq: &'a mut Sequence,
     request: &Request<'_>,
     mut decode: Decode<'a>,
     observer: &mut dyn Observer,
@@ -180,9 +190,8 @@ pub fn drive<'a>(
     let chunk = request.chunk.max(1);
     let is_stop = request.is_stop;
     // The restored prefix, always short of the whole prompt: the last token is run to get
-    // logits.
-    let reused = cache.len().min(prompt.len() - 1);
-    cache.truncate(reused);
+    // logits (a hybrid sequence rewinds to a checkpoint for that).
+    let reused = seq.rewind(seq.len().min(prompt.len() - 1))?;
     let mut report = Report {
         end: End::Cancelled,
         cached_tokens: reused,
@@ -203,13 +212,17 @@ pub fn drive<'a>(
     // computed (the restored prefix has none; the head's context starts after it).
     let hidden = matches!(&decode, Decode::Speculative { proposer, .. } if proposer.wants_hidden());
     let want = if hidden { Want::Hidden } else { Want::Nothing };
-    for piece in prompt[reused..prompt.len() - 1].chunks(chunk) {
+    for (start, end) in pieces(reused, prompt.len() - 1, chunk) {
+        let piece = &prompt[start..end];
         if observer.cancelled() {
             report.prefill_s = prefill_start.elapsed().as_secs_f64();
             return Ok(report);
         }
-        let out = model.forward(piece, cache, want)?;
-        let pos = reused + report.new_prefill_tokens;
+        let out = model.forward(piece, seq, want)?;
+        if seq.checkpoint() {
+            seq.thin(MAX_CHECKPOINTS);
+        }
+        let pos = start;
         if let Decode::Speculative { proposer, .. } = &mut decode {
             if hidden {
                 proposer.observe(&TrunkRows {
@@ -221,7 +234,7 @@ pub fn drive<'a>(
         }
         report.new_prefill_tokens += piece.len();
     }
-    let mut stepper = Stepper::start(model, cache, prompt, request.sampler.clone(), chunk, decode)?;
+    let mut stepper = Stepper::start(model, seq, prompt, request.sampler.clone(), chunk, decode)?;
     report.new_prefill_tokens += 1;
     report.prefill_s = prefill_start.elapsed().as_secs_f64();
 
@@ -262,8 +275,28 @@ pub fn drive<'a>(
     Ok(report)
 }
 
+/// The prefill's pieces of `from..to`: at most `chunk` tokens each, also ending on every
+/// multiple of [`TAIL_GRID`] within [`TAIL_SPAN`] of `to` (where checkpoints are recorded).
+fn pieces(from: usize, to: usize, chunk: usize) -> Vec<(usize, usize)> {
+    let grid_from = to.saturating_sub(TAIL_SPAN).max(from);
+    let mut out = Vec::new();
+    let mut start = from;
+    while start < to {
+        let mut end = (start + chunk).min(to);
+        let next_grid = (start / TAIL_GRID + 1) * TAIL_GRID;
+        if next_grid < end && next_grid >= grid_from {
+            end = next_grid;
+        }
+        out.push((start, end));
+        start = end;
+    }
+    out
+}
+
 /// The decode steps of one generation, plain or speculative: both hand out tokens in order;
-/// speculation only changes how many arrive per model step, never which.
+/// speculation only changes how many arrive per model step, never which. (One per
+/// generation: the size difference of its variants costs nothing.)
+#[allow(clippy::large_enum_variant)]
 enum Stepper<'a> {
     Plain(Generator<'a>),
     Spec {
@@ -276,20 +309,20 @@ enum Stepper<'a> {
 }
 
 impl<'a> Stepper<'a> {
-    /// Runs what `cache` lacks of `prompt` (its last token, after the driver's prefill) and
+    /// Runs what `seq` lacks of `prompt` (its last token, after the driver's prefill) and
     /// gets ready to decode.
     fn start(
         model: &'a dyn LanguageModel,
-        cache: &'a mut dyn KvCache,
+        seq: &'a mut Sequence,
         prompt: &[u32],
         sampler: Sampler,
         chunk: usize,
         decode: Decode<'a>,
     ) -> Result<Self> {
         Ok(match decode {
-            Decode::Plain => Stepper::Plain(Generator::new(model, cache, prompt, sampler, chunk)?),
+            Decode::Plain => Stepper::Plain(Generator::new(model, seq, prompt, sampler, chunk)?),
             Decode::Speculative { proposer, policy } => Stepper::Spec {
-                decoder: SpecDecoder::new(model, cache, prompt, sampler, chunk)?,
+                decoder: SpecDecoder::new(model, seq, prompt, sampler, chunk)?,
                 proposer,
                 policy,
                 taken: 0,
@@ -350,5 +383,28 @@ impl<'a> Stepper<'a> {
                 policy,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_are_chunks_that_also_end_on_the_tail_grid() {
+        // 3,000 tokens in chunks of 512: the grid reaches back to 1,976, so it adds the
+        // edges at 2,048, 2,304, 2,560 and 2,816 (2,048 and 2,560 are chunk edges already).
+        let ends: Vec<usize> = pieces(0, 3000, 512).iter().map(|p| p.1).collect();
+        assert_eq!(ends, [512, 1024, 1536, 2048, 2304, 2560, 2816, 3000]);
+        // Contiguous from the restored prefix on, each at most a chunk.
+        let p = pieces(700, 3000, 512);
+        assert_eq!(p[0].0, 700);
+        assert!(p.windows(2).all(|w| w[0].1 == w[1].0));
+        assert!(p.iter().all(|(a, b)| b - a <= 512 && a < b));
+        assert_eq!(p.last().unwrap().1, 3000);
+        // A short prompt: the grid inside it, nothing else.
+        let ends: Vec<usize> = pieces(0, 600, 512).iter().map(|p| p.1).collect();
+        assert_eq!(ends, [256, 512, 600]);
+        assert!(pieces(5, 5, 512).is_empty());
     }
 }

@@ -12,3 +12,10 @@ pub enum SpecError {
 }
 
 pub type Result<T, E = SpecError> = std::result::Result<T, E>;
+
+/// A sequence that could not rewind is the model's state going wrong.
+impl From<mtplx_kv::KvError> for SpecError {
+    fn from(e: mtplx_kv::KvError) -> Self {
+        SpecError::Model(e.into())
+    }
+}

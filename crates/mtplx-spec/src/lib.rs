@@ -32,7 +32,9 @@ mod stats;
 
 pub use decoder::{generate, PromptHidden, SpecDecoder, StepOutcome};
 pub use draft_model::{DraftModel, DraftSampling};
-pub use driver::{drive, Collect, Decode, End, Observer, Report, Request, SpecReport};
+pub use driver::{
+    drive, Collect, Decode, End, Observer, Report, Request, SpecReport, TAIL_GRID, TAIL_SPAN,
+};
 pub use error::{Result, SpecError};
 pub use lookup::PromptLookup;
 pub use mtp::{LookupThenMtp, MtpProposer};

@@ -12,7 +12,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mtplx_kv::CacheFactory;
+use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::cuda::{CudaDevice, CudaModel, CudaMtpHead};
 use mtplx_model::mtp::{MtpHead, MtpRunner, Vocab};
 use mtplx_model::sampling::{Penalties, RandomSampling, Sampler, Sampling};
@@ -26,7 +26,14 @@ const NEW_TOKENS: usize = 24;
 
 fn gpu(b: &Bundle) -> Option<CudaModel> {
     match CudaDevice::open(0) {
-        Ok(dev) => Some(CudaModel::from_model(&b.model, dev).expect("upload the model")),
+        Ok(dev) => Some(
+            CudaModel::from_model(
+                &mtplx_model::Model::load(&b.path, mtplx_model::WeightFormat::Native)
+                    .expect("the dense model"),
+                dev,
+            )
+            .expect("upload the model"),
+        ),
         Err(e) if std::env::var_os("MTPLX_CUDA_TESTS").is_some() => {
             panic!("MTPLX_CUDA_TESTS is set but there is no usable device: {e}")
         }
@@ -65,19 +72,18 @@ fn speculation_on_the_gpu_gives_plain_tokens_and_kv_bits() {
     let host_caches = CacheFactory::contiguous();
     // Each head with a cache where it runs.
     let heads = [("cpu", cpu_head, &host_caches), ("gpu", gpu_head, &factory)];
-    let shape = model.config().kv_shape();
+    let shape = model.state_shape();
     let mut accepted = std::collections::BTreeMap::<String, usize>::new();
     for prompt in common::prompts(&b) {
         for (name, sampler) in samplers() {
-            let mut cache = factory.new_cache(shape);
-            let mut g =
-                Generator::new(model, cache.as_mut(), &prompt, sampler.clone(), 64).unwrap();
+            let mut cache = Sequence::new(&factory, &shape);
+            let mut g = Generator::new(model, &mut cache, &prompt, sampler.clone(), 64).unwrap();
             for _ in 0..NEW_TOKENS {
                 g.step().unwrap();
             }
             let want = g.generated().to_vec();
             drop(g);
-            let want_kv = common::kv_bits(cache.as_ref());
+            let want_kv = common::kv_bits(cache.kv());
             for depth in 1..=4 {
                 for (where_, head, head_caches) in &heads {
                     let mut lookup = PromptLookup::default();
@@ -96,10 +102,10 @@ fn speculation_on_the_gpu_gives_plain_tokens_and_kv_bits() {
                     ];
                     for (p, hidden) in proposers {
                         let what = format!("{name}, {} ({where_} head) depth {depth}", p.name());
-                        let mut cache = factory.new_cache(shape);
+                        let mut cache = Sequence::new(&factory, &shape);
                         let mut d = SpecDecoder::with_prompt_hidden(
                             model,
-                            cache.as_mut(),
+                            &mut cache,
                             &prompt,
                             sampler.clone(),
                             64,
@@ -115,7 +121,7 @@ fn speculation_on_the_gpu_gives_plain_tokens_and_kv_bits() {
                         drop(d);
                         assert_eq!(got, want, "{what}");
                         assert!(
-                            common::kv_bits(cache.as_ref()) == want_kv,
+                            common::kv_bits(cache.kv()) == want_kv,
                             "{what}: KV bits differ"
                         );
                     }

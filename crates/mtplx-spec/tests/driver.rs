@@ -78,7 +78,7 @@ fn plain_and_speculative_give_the_models_tokens_from_any_restored_prefix() {
         for speculative in [false, true] {
             let mut c = cache(&model);
             if restored > 0 {
-                mtplx_model::prefill(&model, &prompt[..restored], c.as_mut(), 7).unwrap();
+                mtplx_model::prefill(&model, &prompt[..restored], &mut c, 7).unwrap();
             }
             let decode = if speculative {
                 Decode::Speculative {
@@ -93,7 +93,7 @@ fn plain_and_speculative_give_the_models_tokens_from_any_restored_prefix() {
                 ..Request::new(&prompt, Sampler::greedy(), n, &never)
             };
             let mut seen = Collect::default();
-            let r = drive(&model, c.as_mut(), &request, decode, &mut seen).unwrap();
+            let r = drive(&model, &mut c, &request, decode, &mut seen).unwrap();
             let case = format!("restored {restored}, speculative {speculative}");
             assert_eq!(seen.0, want, "{case}");
             assert_eq!(r.end, End::Length, "{case}");
@@ -123,7 +123,7 @@ fn the_proposer_sees_every_prompt_row_the_driver_computes() {
     let never = |_: u32| false;
     let restored = 10;
     let mut c = cache(&model);
-    mtplx_model::prefill(&model, &prompt[..restored], c.as_mut(), 7).unwrap();
+    mtplx_model::prefill(&model, &prompt[..restored], &mut c, 7).unwrap();
     // The driver owns its proposer: this one records into a cell the test keeps.
     struct Shared<'a>(&'a std::cell::RefCell<Recording>);
     impl Proposer for Shared<'_> {
@@ -149,14 +149,7 @@ fn the_proposer_sees_every_prompt_row_the_driver_computes() {
         chunk: 7,
         ..Request::new(&prompt, Sampler::greedy(), 5, &never)
     };
-    let r = drive(
-        &model,
-        c.as_mut(),
-        &request,
-        decode,
-        &mut Collect::default(),
-    )
-    .unwrap();
+    let r = drive(&model, &mut c, &request, decode, &mut Collect::default()).unwrap();
     let seen = rec.borrow().seen.clone();
     // Every position from the restored prefix on, in order, once: the prompt's rows during
     // the prefill, then the answer's before each next draft (the last verify's rows are
@@ -182,7 +175,7 @@ fn a_cancellation_stops_the_prefill_within_one_chunk_and_keeps_what_was_computed
         chunk: 7,
         ..Request::new(&prompt, Sampler::greedy(), 8, &never)
     };
-    let r = drive(&model, c.as_mut(), &request, Decode::Plain, &mut obs).unwrap();
+    let r = drive(&model, &mut c, &request, Decode::Plain, &mut obs).unwrap();
     assert_eq!(r.end, End::Cancelled);
     assert_eq!(r.completion_tokens, 0);
     assert!(obs.tokens.is_empty());
@@ -199,7 +192,7 @@ fn a_cancellation_stops_the_prefill_within_one_chunk_and_keeps_what_was_computed
         checks: Cell::new(0),
         tokens: Vec::new(),
     };
-    let r = drive(&model, c.as_mut(), &request, Decode::Plain, &mut obs).unwrap();
+    let r = drive(&model, &mut c, &request, Decode::Plain, &mut obs).unwrap();
     assert_eq!(r.end, End::Cancelled);
     assert_eq!(r.completion_tokens, 3);
     assert_eq!(obs.tokens.len(), 3);
@@ -214,7 +207,7 @@ fn stops_on_a_stop_token_the_observer_the_length_or_the_window() {
     let (want, _) = plain_greedy(&model, &prompt, 12);
     let run = |request: &Request<'_>, obs: &mut dyn Observer| {
         let mut c = cache(&model);
-        drive(&model, c.as_mut(), request, Decode::Plain, obs).unwrap()
+        drive(&model, &mut c, request, Decode::Plain, obs).unwrap()
     };
 
     // A stop token ends it, counted but not shown.
@@ -263,7 +256,7 @@ fn stops_on_a_stop_token_the_observer_the_length_or_the_window() {
     let empty = Request::new(&[], Sampler::greedy(), 4, &never);
     assert!(drive(
         &model,
-        c.as_mut(),
+        &mut c,
         &empty,
         Decode::Plain,
         &mut Collect::default()

@@ -7,7 +7,7 @@ mod common;
 
 use mtplx_model::sampling::Sampler;
 use mtplx_model::tokenizer::Special;
-use mtplx_model::{LanguageModel, Model, WeightFormat};
+use mtplx_model::{Model, WeightFormat};
 use mtplx_spec::{
     generate, DepthPolicy, DraftModel, DraftSampling, PromptLookup, Proposer, SpecDecoder,
 };
@@ -20,12 +20,12 @@ fn speculative(
     policy: &mut DepthPolicy,
 ) -> (Vec<u32>, Vec<u32>, mtplx_spec::SpecStats) {
     let mut cache = common::cache(model);
-    let mut d = SpecDecoder::new(model, cache.as_mut(), prompt, Sampler::greedy(), 64).unwrap();
+    let mut d = SpecDecoder::new(model, &mut cache, prompt, Sampler::greedy(), 64).unwrap();
     generate(&mut d, proposer, policy, n, &|_| false).unwrap();
     let tokens = d.generated().to_vec();
     let stats = d.stats.clone();
     drop(d);
-    (tokens, common::kv_bits(cache.as_ref()), stats)
+    (tokens, common::kv_bits(cache.kv()), stats)
 }
 
 fn check_all(target: &Model, draft: impl Fn() -> Model, prompts: &[Vec<u32>], n: usize) {

@@ -28,7 +28,7 @@ fn bundle() -> Bundle {
     b
 }
 
-fn head(trunk: &Model) -> Arc<MtpHead> {
+fn head(trunk: &dyn mtplx_model::LanguageModel) -> Arc<MtpHead> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/mtp/smollm2-135m-mtp.safetensors");
     Arc::new(MtpHead::load(&path, trunk, Vocab::FromFile).unwrap())
@@ -54,27 +54,26 @@ fn samplers() -> [(&'static str, Sampler); 2] {
 
 /// Generated tokens and the KV's bits after plain decoding.
 fn plain(
-    model: &Model,
+    model: &dyn mtplx_model::LanguageModel,
     factory: &CacheFactory,
     prompt: &[u32],
     sampler: Sampler,
     chunk: usize,
 ) -> (Vec<u32>, Vec<u32>) {
-    use mtplx_model::LanguageModel;
-    let mut cache = factory.new_cache(model.config().kv_shape());
-    let mut g = Generator::new(model, cache.as_mut(), prompt, sampler, chunk).unwrap();
+    let mut cache = model.new_sequence(factory);
+    let mut g = Generator::new(model, &mut cache, prompt, sampler, chunk).unwrap();
     for _ in 0..NEW_TOKENS {
         g.step().unwrap();
     }
     let tokens = g.generated().to_vec();
     drop(g);
-    (tokens, common::kv_bits(cache.as_ref()))
+    (tokens, common::kv_bits(cache.kv()))
 }
 
 /// Generated tokens, the KV's bits and the draft tokens accepted after speculative decoding.
 #[allow(clippy::too_many_arguments)]
 fn speculative(
-    model: &Model,
+    model: &dyn mtplx_model::LanguageModel,
     factory: &CacheFactory,
     prompt: &[u32],
     sampler: Sampler,
@@ -83,17 +82,15 @@ fn speculative(
     proposer: &mut dyn Proposer,
     depth: usize,
 ) -> (Vec<u32>, Vec<u32>, usize) {
-    use mtplx_model::LanguageModel;
-    let mut cache = factory.new_cache(model.config().kv_shape());
+    let mut cache = model.new_sequence(factory);
     let mut d =
-        SpecDecoder::with_prompt_hidden(model, cache.as_mut(), prompt, sampler, chunk, hidden)
-            .unwrap();
+        SpecDecoder::with_prompt_hidden(model, &mut cache, prompt, sampler, chunk, hidden).unwrap();
     let mut policy = DepthPolicy::fixed(depth);
     generate(&mut d, proposer, &mut policy, NEW_TOKENS, &|_| false).unwrap();
     let tokens = d.generated().to_vec();
     let accepted = d.stats.accepted_by_depth.iter().sum::<u64>() as usize;
     drop(d);
-    (tokens, common::kv_bits(cache.as_ref()), accepted)
+    (tokens, common::kv_bits(cache.kv()), accepted)
 }
 
 fn same_bits(got: &[u32], want: &[u32], what: &str) {
@@ -105,7 +102,7 @@ fn same_bits(got: &[u32], want: &[u32], what: &str) {
 #[test]
 fn every_deterministic_proposer_and_depth_gives_plain_tokens_greedy_and_seeded() {
     let b = bundle();
-    let model = &b.model;
+    let model = &*b.model;
     let head = head(model);
     let factory = CacheFactory::contiguous();
     // Drafting greedily for itself: accepted at temperature 0, often rejected when sampling.
@@ -166,7 +163,7 @@ fn every_deterministic_proposer_and_depth_gives_plain_tokens_greedy_and_seeded()
 #[test]
 fn seeded_tokens_do_not_depend_on_the_layout_or_the_prefill_chunk() {
     let b = bundle();
-    let model = &b.model;
+    let model = &*b.model;
     let head = head(model);
     let prompt = &common::prompts(&b)[0];
     let layouts = [
@@ -210,7 +207,7 @@ fn seeded_tokens_do_not_depend_on_the_layout_or_the_prefill_chunk() {
 #[test]
 fn random_drafts_do_not_depend_on_the_layout_or_the_prefill_chunk() {
     let b = bundle();
-    let model = &b.model;
+    let model = &*b.model;
     let head = head(model);
     let prompt = &common::prompts(&b)[0];
     let draft_sampling = DraftSampling::Random(RandomSampling {

@@ -15,7 +15,7 @@ use mtplx_kv::CacheFactory;
 use mtplx_model::mtp::{self, tensor_name, MtpHead, Vocab};
 use mtplx_model::sampling::{Penalties, RandomSampling, Rng, Sampler, Sampling};
 use mtplx_model::source::TensorRole;
-use mtplx_model::{LanguageModel, Model, ModelConfig, ModelError};
+use mtplx_model::{Model, ModelConfig, ModelError};
 use mtplx_spec::{
     generate, DepthPolicy, DraftContext, DraftSampling, DraftSource, LookupThenMtp, MtpProposer,
     PromptHidden, PromptLookup, Proposer, SpecDecoder,
@@ -143,7 +143,7 @@ fn head_loads_from_mtp_safetensors_and_names_what_is_wrong() {
 }
 
 fn speculative(
-    model: &Model,
+    model: &dyn mtplx_model::LanguageModel,
     prompt: &[u32],
     n: usize,
     proposer: &mut dyn Proposer,
@@ -152,7 +152,7 @@ fn speculative(
     let mut cache = common::cache(model);
     let mut d = SpecDecoder::with_prompt_hidden(
         model,
-        cache.as_mut(),
+        &mut cache,
         prompt,
         Sampler::greedy(),
         16,
@@ -163,7 +163,7 @@ fn speculative(
     let tokens = d.generated().to_vec();
     let stats = d.stats.clone();
     drop(d);
-    (tokens, common::kv_bits(cache.as_ref()), stats)
+    (tokens, common::kv_bits(cache.kv()), stats)
 }
 
 fn max_diff(a: &[u32], b: &[u32]) -> f32 {
@@ -273,7 +273,7 @@ fn shipped_head() -> PathBuf {
 #[test]
 fn shipped_head_greedy_equals_plain_decoding_on_the_default_model() {
     let bundle = common::default_bundle();
-    let trunk = &bundle.model;
+    let trunk = &*bundle.model;
     let head = Arc::new(MtpHead::load(&shipped_head(), trunk, Vocab::FromFile).unwrap());
     let chat = |text: &str| {
         let req = mtplx_model::chat::ChatRequest {
@@ -337,7 +337,7 @@ fn random_mtp_drafts_keep_sampling_lossless() {
     for seed in 0..SAMPLES {
         let mut cache = common::cache(&target);
         let sampler = Sampler::new(Sampling::Random(sampling(seed)), Penalties::default());
-        let mut d = SpecDecoder::new(&target, cache.as_mut(), &PROMPT, sampler, 64).unwrap();
+        let mut d = SpecDecoder::new(&target, &mut cache, &PROMPT, sampler, 64).unwrap();
         let step = d.step(&mut proposer, 2, 2, &|_| false).unwrap();
         drafted += step.drafted;
         let g = d.generated();

@@ -37,7 +37,7 @@ fn ratio_rule_matches_plain_sampling_in_distribution() {
     for seed in 0..SAMPLES {
         let mut cache = common::cache(&target);
         let sampler = Sampler::new(Sampling::Random(sampling(seed)), Penalties::default());
-        let mut d = SpecDecoder::new(&target, cache.as_mut(), &PROMPT, sampler, 64).unwrap();
+        let mut d = SpecDecoder::new(&target, &mut cache, &PROMPT, sampler, 64).unwrap();
         d.step(&mut proposer, 2, 2, &|_| false).unwrap();
         let g = d.generated();
         *counts.entry((g[0], g[1])).or_default() += 1;
@@ -63,7 +63,7 @@ fn ratio_rule_matches_plain_sampling_in_distribution() {
             let mut c = common::cache(&draft_model);
             let mut ctx = PROMPT.to_vec();
             ctx.push(t0);
-            let out = draft_model.forward(&ctx, c.as_mut(), Want::Last).unwrap();
+            let out = draft_model.forward(&ctx, &mut c, Want::Last).unwrap();
             let q = s.distribution(out.last_logits());
             q.tokens
                 .into_iter()
@@ -97,7 +97,7 @@ fn deterministic_drafts_reproduce_plain_sampling_exactly() {
         let mut cache = common::cache(&target);
         let mut g = Generator::new(
             &target,
-            cache.as_mut(),
+            &mut cache,
             &prompt,
             Sampler::new(s, Penalties::default()),
             64,
@@ -118,8 +118,7 @@ fn deterministic_drafts_reproduce_plain_sampling_exactly() {
             for p in proposers {
                 let mut cache = common::cache(&target);
                 let sampler = Sampler::new(s, Penalties::default());
-                let mut d =
-                    SpecDecoder::new(&target, cache.as_mut(), &prompt, sampler, 64).unwrap();
+                let mut d = SpecDecoder::new(&target, &mut cache, &prompt, sampler, 64).unwrap();
                 let mut policy = mtplx_spec::DepthPolicy::fixed(depth);
                 mtplx_spec::generate(&mut d, p, &mut policy, 20, &|_| false).unwrap();
                 assert_eq!(

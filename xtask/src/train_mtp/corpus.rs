@@ -9,7 +9,7 @@ use super::args::TrainArgs;
 use anyhow::{Context, Result};
 use mtplx_model::chat::{ChatMessage, ChatRequest, Role};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, Generator, LanguageModel};
+use mtplx_model::{Bundle, Generator};
 
 /// Longest sequence run through the trunk.
 pub(super) const MAX_SEQ: usize = 384;
@@ -187,8 +187,8 @@ pub(super) fn corpus(b: &Bundle, args: &TrainArgs) -> Result<Vec<Vec<u32>>> {
     // 1. The model's own answers.
     for p in CHAT_PROMPTS {
         let prompt = render(b, vec![ChatMessage::text(Role::User, *p)], true)?;
-        let mut cache = mtplx_kv::CacheFactory::contiguous().new_cache(b.model.config().kv_shape());
-        let mut g = Generator::new(&b.model, cache.as_mut(), &prompt, Sampler::greedy(), 256)?;
+        let mut cache = b.model.new_sequence(&mtplx_kv::CacheFactory::contiguous());
+        let mut g = Generator::new(&*b.model, &mut cache, &prompt, Sampler::greedy(), 256)?;
         for _ in 1..args.answer_tokens {
             if g.generated()
                 .last()

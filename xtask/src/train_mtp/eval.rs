@@ -6,7 +6,7 @@ use super::corpus::{render, EVAL_CHAT, EVAL_CODE};
 use anyhow::Result;
 use mtplx_model::chat::{ChatMessage, Role};
 use mtplx_model::sampling::Sampler;
-use mtplx_model::{Bundle, LanguageModel};
+use mtplx_model::Bundle;
 
 /// Acceptance by depth of the head at `path` on the held-out prompts (greedy, depth 3).
 pub fn evaluate(b: &Bundle, path: &Path) -> Result<()> {
@@ -15,7 +15,7 @@ pub fn evaluate(b: &Bundle, path: &Path) -> Result<()> {
     };
     let head = std::sync::Arc::new(mtplx_model::mtp::MtpHead::load(
         path,
-        &b.model,
+        &*b.model,
         mtplx_model::mtp::Vocab::FromFile,
     )?);
     let factory = mtplx_kv::CacheFactory::contiguous();
@@ -24,16 +24,17 @@ pub fn evaluate(b: &Bundle, path: &Path) -> Result<()> {
         let mut produced = 0usize;
         for p in prompts {
             let ids = render(b, vec![ChatMessage::text(Role::User, *p)], true)?;
-            let mut cache = factory.new_cache(b.model.config().kv_shape());
+            let mut cache = b.model.new_sequence(&factory);
             let mut d = SpecDecoder::with_prompt_hidden(
-                &b.model,
-                cache.as_mut(),
+                &*b.model,
+                &mut cache,
                 &ids,
                 Sampler::greedy(),
                 256,
                 PromptHidden::All,
             )?;
-            let mut mtp = MtpProposer::new(&b.model, head.clone(), &factory, DraftSampling::Greedy);
+            let mut mtp =
+                MtpProposer::new(&*b.model, head.clone(), &factory, DraftSampling::Greedy);
             let stop = b.tokenizer.stop_ids().to_vec();
             generate(&mut d, &mut mtp, &mut DepthPolicy::fixed(3), 64, &|t| {
                 stop.contains(&t)

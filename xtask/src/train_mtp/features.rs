@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
-use mtplx_model::{Bundle, LanguageModel, Want};
+use mtplx_model::{Bundle, Want};
 
 /// Top-k of the trunk's next-token distribution kept per position.
 pub(super) const TOP_K: usize = 8;
@@ -24,8 +24,8 @@ pub(super) struct Features {
 }
 
 pub(super) fn compute_features(b: &Bundle, seqs: &[Vec<u32>]) -> Result<Features> {
-    let m = &b.model;
-    let h = m.config().hidden_size;
+    let m = &*b.model;
+    let h = m.dims().hidden_size;
     let mut f = Features {
         bounds: vec![0],
         tokens: Vec::new(),
@@ -35,8 +35,8 @@ pub(super) fn compute_features(b: &Bundle, seqs: &[Vec<u32>]) -> Result<Features
     };
     let t = Instant::now();
     for seq in seqs {
-        let mut cache = mtplx_kv::CacheFactory::contiguous().new_cache(m.config().kv_shape());
-        let out = m.forward(seq, cache.as_mut(), Want::All)?;
+        let mut cache = m.new_sequence(&mtplx_kv::CacheFactory::contiguous());
+        let out = m.forward(seq, &mut cache, Want::All)?;
         assert_eq!(out.hidden.len(), seq.len() * h);
         f.tokens.extend_from_slice(seq);
         f.hidden

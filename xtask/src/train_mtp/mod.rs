@@ -37,11 +37,11 @@ mod head;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use mtplx_model::sampling::Rng;
-use mtplx_model::{Bundle, LanguageModel, WeightFormat};
+use mtplx_model::{Bundle, WeightFormat};
 
 pub use args::TrainArgs;
 use batch::{agreement, batch, loss, windows};
@@ -58,7 +58,11 @@ pub fn run(model_path: &Path, args: &TrainArgs) -> Result<()> {
     if args.eval_only {
         return evaluate(&b, &args.out);
     }
-    let c = b.model.config().clone();
+    let c = b
+        .model
+        .mtp_layer()
+        .context("an MTP head can be trained only for a model whose head layout mtplx knows")?
+        .clone();
     let h = c.hidden_size;
     let key = format!(
         "v1-{}-{}-{}-{}",

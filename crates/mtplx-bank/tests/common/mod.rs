@@ -13,7 +13,9 @@ use mtplx_cold::{
     ColdCandidate, ColdConfig, ColdIndex, ColdLookup, ColdQuery, ColdStore, KvSink, Mtp, ReadError,
     RestoreReport, SpillEntry, SpillTicket, WriteError, GIB,
 };
-use mtplx_kv::{CacheFactory, KvCache, KvShape, KvView, RecurrentLayerShape, RecurrentState};
+use mtplx_kv::{
+    CacheFactory, KvCache, KvShape, KvView, RecurrentLayerShape, RecurrentState, StateShape,
+};
 
 pub const SHAPE: KvShape = KvShape {
     layers: 2,
@@ -102,11 +104,24 @@ pub fn commit(session: &str, tokens: &[u32]) -> Commit {
 }
 
 /// A recurrent snapshot after `position` tokens (values depend on the position).
+/// An attention-only model's state: [`SHAPE`]'s K/V.
+pub fn dense() -> StateShape {
+    StateShape::attention_only(SHAPE)
+}
+
+/// A hybrid model's state: [`SHAPE`]'s K/V and one recurrent layer ([`recurrent_at`]'s).
+pub fn hybrid() -> StateShape {
+    StateShape {
+        kv: SHAPE,
+        recurrent: vec![RecurrentLayerShape {
+            conv: vec![2, 2],
+            ssm: vec![3],
+        }],
+    }
+}
+
 pub fn recurrent_at(position: usize) -> RecurrentState {
-    let mut s = RecurrentState::new(&[RecurrentLayerShape {
-        conv: vec![2, 2],
-        ssm: vec![3],
-    }]);
+    let mut s = RecurrentState::new(&hybrid().recurrent);
     let (c, m) = s.state_mut(0).unwrap();
     c.iter_mut().for_each(|x| *x = position as f32);
     m.iter_mut().for_each(|x| *x = -(position as f32));

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
-use mtplx_kv::{CacheFactory, DeviceCaches, KvCache, KvView};
+use mtplx_kv::{CacheFactory, DeviceCaches, KvView, Sequence, StateShape};
 
 use super::cache::{CudaCaches, CudaKvCache};
 use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
@@ -11,7 +11,7 @@ use super::pass::{fit, launch_layer, run_pass, Layer, Scratch};
 
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::model::{Embedding, ForwardOutput, LanguageModel, Model, Want};
+use crate::model::{Dims, Embedding, ForwardOutput, LanguageModel, Model, Want};
 
 /// A model on a CUDA device.
 ///
@@ -189,17 +189,65 @@ impl CudaModel {
 }
 
 impl LanguageModel for CudaModel {
-    fn config(&self) -> &ModelConfig {
-        &self.config
+    fn dims(&self) -> Dims {
+        let c = &self.config;
+        Dims {
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            context_length: c.context_length,
+        }
+    }
+
+    fn state_shape(&self) -> StateShape {
+        StateShape::attention_only(self.config.kv_shape())
+    }
+
+    fn geometry(&self) -> String {
+        let c = &self.config;
+        format!(
+            "layers={} hidden={} vocab={}",
+            c.num_layers, c.hidden_size, c.vocab_size
+        )
+    }
+
+    fn numerics(&self) -> String {
+        "weights=F32 device=cuda".into()
+    }
+
+    fn weight_bytes(&self) -> usize {
+        // f32 on the device: the embedding, the layers' matrices, the head.
+        let c = &self.config;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
+        let layer = h * (qd + 2 * kvd) + qd * h + 3 * h * ff;
+        let head = if self.lm_head.is_some() {
+            c.vocab_size * h
+        } else {
+            0
+        };
+        4 * (c.vocab_size * h + c.num_layers * layer + head)
+    }
+
+    fn is_batch_invariant(&self) -> bool {
+        false
+    }
+
+    fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64 {
+        self.config.prefill_activation_bytes(chunk_tokens)
+    }
+
+    fn mtp_layer(&self) -> Option<&ModelConfig> {
+        Some(&self.config)
     }
 
     fn forward_into(
         &self,
         tokens: &[u32],
-        cache: &mut dyn KvCache,
+        seq: &mut Sequence,
         want: Want,
         out: &mut ForwardOutput,
     ) -> Result<()> {
+        let cache = seq.kv_mut();
         let c = &self.config;
         let n = tokens.len();
         if n == 0 {

@@ -48,6 +48,11 @@ impl GatedAttention {
         self.qkv.is_batch_invariant() && self.o.is_batch_invariant()
     }
 
+    /// Bytes of its projections (the per-head norms are a rounding error).
+    pub(crate) fn weight_bytes(&self) -> usize {
+        self.qkv.weight_bytes() + self.o.weight_bytes()
+    }
+
     /// Runs the `n` rows of `x` (`[n, hidden]`, normed), at positions `cache.len()..`, into
     /// `out` (`[n, hidden]`), appending their K/V to the cache's `layer`.
     pub(crate) fn forward(

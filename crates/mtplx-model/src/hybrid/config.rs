@@ -1,6 +1,6 @@
 //! The shape of a hybrid model: which layers are recurrent, and every dimension.
 
-use mtplx_kv::{KvShape, RecurrentLayerShape};
+use mtplx_kv::{KvShape, RecurrentLayerShape, StateShape};
 
 /// What mixes the tokens in one decoder layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -157,6 +157,14 @@ impl HybridConfig {
             ],
         };
         vec![shape; self.count(LayerKind::GatedDeltaNet)]
+    }
+
+    /// The per-sequence state: the attention layers' K/V and the gated delta nets' state.
+    pub fn state_shape(&self) -> StateShape {
+        StateShape {
+            kv: self.kv_shape(),
+            recurrent: self.recurrent_shapes(),
+        }
     }
 }
 

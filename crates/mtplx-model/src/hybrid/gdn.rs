@@ -70,6 +70,12 @@ impl GatedDeltaNet {
         self.in_proj.is_batch_invariant() && self.out_proj.is_batch_invariant()
     }
 
+    /// Bytes of its weights.
+    pub(crate) fn weight_bytes(&self) -> usize {
+        let vectors = self.conv.len() + self.dt_bias.len() + self.rate.len() + self.norm.len();
+        self.in_proj.weight_bytes() + self.out_proj.weight_bytes() + vectors * 4
+    }
+
     /// Runs the `n` rows of `x` (`[n, hidden]`, normed) through the layer into `out`
     /// (`[n, hidden]`), folding them into `conv_state` and `ssm_state` in order.
     pub(crate) fn forward(

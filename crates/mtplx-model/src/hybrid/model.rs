@@ -3,14 +3,14 @@
 
 use crate::error::{ModelError, Result};
 use crate::hybrid::attention::GatedAttention;
-use crate::hybrid::cache::HybridCache;
 use crate::hybrid::config::HybridConfig;
 use crate::hybrid::gdn::GatedDeltaNet;
 use crate::hybrid::weights::{HybridWeights, MixerWeights, MlpWeights};
-use crate::model::{ForwardOutput, Want};
+use crate::model::{Dims, ForwardOutput, LanguageModel, Want};
 use crate::ops::{self, Rope};
 use crate::weights::{Linear, WeightFormat};
 use crate::RopeStyle;
+use mtplx_kv::{Sequence, StateShape};
 
 enum Mixer {
     /// The gated delta net and its index among the recurrent layers.
@@ -29,8 +29,8 @@ struct Layer {
 }
 
 /// A Qwen3-Next-style hybrid model on the CPU, its weights run by the batch-invariant
-/// kernels. Its state is a [`HybridCache`], not a bare [`mtplx_kv::KvCache`], so it does
-/// not implement [`crate::LanguageModel`].
+/// kernels. It runs on a [`Sequence`] whose recurrent state its gated delta nets fold
+/// tokens into, through the same [`LanguageModel`] seam as the dense models.
 pub struct HybridModel {
     config: HybridConfig,
     embed: Vec<f32>,
@@ -112,64 +112,7 @@ impl HybridModel {
             })
     }
 
-    /// Runs `tokens` at positions `cache.len()..`, folding them into the cache. When the
-    /// cache's policy asks for checkpoints on a grid, the pass is split at the grid's
-    /// positions and a checkpoint recorded at each (a row's result does not depend on the
-    /// split).
-    pub fn forward(
-        &self,
-        tokens: &[u32],
-        cache: &mut HybridCache,
-        want: Want,
-    ) -> Result<ForwardOutput> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        self.check(tokens, cache)?;
-        let mut out = ForwardOutput::default();
-        let mut start = 0;
-        while start < n {
-            let pos = cache.len();
-            let end = match cache.next_boundary(pos) {
-                Some(b) if b - pos < n - start => start + (b - pos),
-                _ => n,
-            };
-            let piece_want = match want {
-                Want::All => Want::All,
-                Want::Last if end == n => Want::Last,
-                _ => Want::Nothing,
-            };
-            let piece = self.forward_piece(&tokens[start..end], cache, piece_want)?;
-            out.rows += piece.rows;
-            out.logits.extend_from_slice(&piece.logits);
-            out.hidden.extend_from_slice(&piece.hidden);
-            cache.checkpoint_if_due();
-            start = end;
-        }
-        Ok(out)
-    }
-
-    /// Runs `tokens` in chunks of at most `chunk`, records a checkpoint at their end (the
-    /// end of a prompt), and returns the last row's logits and hidden state.
-    pub fn prefill(
-        &self,
-        tokens: &[u32],
-        cache: &mut HybridCache,
-        chunk: usize,
-    ) -> Result<ForwardOutput> {
-        let mut out = ForwardOutput::default();
-        let pieces = tokens.chunks(chunk.max(1));
-        let last = pieces.len().saturating_sub(1);
-        for (i, piece) in pieces.enumerate() {
-            let want = if i == last { Want::Last } else { Want::Nothing };
-            out = self.forward(piece, cache, want)?;
-        }
-        cache.checkpoint();
-        Ok(out)
-    }
-
-    fn check(&self, tokens: &[u32], cache: &HybridCache) -> Result<()> {
+    fn check(&self, tokens: &[u32], seq: &Sequence) -> Result<()> {
         let c = &self.config;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(ModelError::TokenOutOfRange {
@@ -177,31 +120,15 @@ impl HybridModel {
                 vocab: c.vocab_size,
             });
         }
-        let shapes = c.recurrent_shapes();
-        let r = cache.recurrent();
-        let same_recurrent = r.layers() == shapes.len()
-            && shapes
-                .iter()
-                .enumerate()
-                .all(|(l, s)| r.layer_shape(l).ok() == Some(s));
-        if cache.kv().shape() != c.kv_shape() || !same_recurrent {
+        if seq.shape() != self.state_shape() {
             return Err(ModelError::Hybrid {
-                reason: "the cache was built for another model".into(),
-            });
-        }
-        if cache.kv().len() != r.tokens() {
-            return Err(ModelError::Hybrid {
-                reason: format!(
-                    "{} K/V positions but a recurrent state after {} tokens",
-                    cache.kv().len(),
-                    r.tokens()
-                ),
+                reason: "the sequence was built for another model".into(),
             });
         }
         let max = c.context_length;
-        if cache.len() + tokens.len() > max {
+        if seq.len() + tokens.len() > max {
             return Err(ModelError::ContextFull {
-                len: cache.len(),
+                len: seq.len(),
                 new: tokens.len(),
                 max,
             });
@@ -212,19 +139,19 @@ impl HybridModel {
     fn forward_piece(
         &self,
         tokens: &[u32],
-        cache: &mut HybridCache,
+        seq: &mut Sequence,
         want: Want,
     ) -> Result<ForwardOutput> {
         let c = &self.config;
         let (n, h, eps) = (tokens.len(), c.hidden_size, c.rms_norm_eps);
-        let mut x = Vec::with_capacity(n * h);
-        for &t in tokens {
-            x.extend_from_slice(&self.embed[t as usize * h..(t as usize + 1) * h]);
-        }
+        let mut x = self.embed(tokens)?;
         let mut normed = vec![0f32; n * h];
         let mut mixed = vec![0f32; n * h];
         let mut act = vec![0f32; n * c.intermediate_size];
-        let (kv, recurrent) = cache.parts_mut();
+        let (kv, recurrent) = seq.parts_mut();
+        let recurrent = recurrent.ok_or_else(|| ModelError::Hybrid {
+            reason: "the sequence has no recurrent state".into(),
+        })?;
         for l in &self.layers {
             ops::rms_norm(&x, &l.input_norm, eps, &mut normed);
             match &l.mixer {
@@ -258,14 +185,135 @@ impl HybridModel {
         };
         let rows = n - first;
         let hidden = x[first * h..].to_vec();
-        let mut final_normed = vec![0f32; rows * h];
-        ops::rms_norm(&hidden, &self.final_norm, eps, &mut final_normed);
-        let logits = self.lm_head.forward(&final_normed, rows)?;
+        let logits = self.head(&hidden)?;
         Ok(ForwardOutput {
             rows,
             logits,
             hidden,
         })
+    }
+}
+
+impl LanguageModel for HybridModel {
+    fn dims(&self) -> Dims {
+        let c = &self.config;
+        Dims {
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            context_length: c.context_length,
+        }
+    }
+
+    fn state_shape(&self) -> StateShape {
+        self.config.state_shape()
+    }
+
+    /// Runs `tokens` at positions `seq.len()..`, folding them into the sequence. When the
+    /// sequence's policy asks for checkpoints on a grid, the pass is split at the grid's
+    /// positions and a checkpoint recorded at each (a row's result does not depend on the
+    /// split).
+    fn forward_into(
+        &self,
+        tokens: &[u32],
+        seq: &mut Sequence,
+        want: Want,
+        out: &mut ForwardOutput,
+    ) -> Result<()> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        self.check(tokens, seq)?;
+        out.rows = 0;
+        out.logits.clear();
+        out.hidden.clear();
+        let mut start = 0;
+        while start < n {
+            let pos = seq.len();
+            let end = match seq.next_boundary(pos) {
+                Some(b) if b - pos < n - start => start + (b - pos),
+                _ => n,
+            };
+            let piece_want = match want {
+                Want::All | Want::Hidden => want,
+                Want::Last if end == n => Want::Last,
+                _ => Want::Nothing,
+            };
+            let piece = self.forward_piece(&tokens[start..end], seq, piece_want)?;
+            out.rows += piece.rows;
+            out.logits.extend_from_slice(&piece.logits);
+            out.hidden.extend_from_slice(&piece.hidden);
+            seq.checkpoint_if_due();
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let mut x = Vec::with_capacity(tokens.len() * h);
+        for &t in tokens {
+            if t as usize >= c.vocab_size {
+                return Err(ModelError::TokenOutOfRange {
+                    id: t,
+                    vocab: c.vocab_size,
+                });
+            }
+            x.extend_from_slice(&self.embed[t as usize * h..(t as usize + 1) * h]);
+        }
+        Ok(x)
+    }
+
+    fn head(&self, hidden: &[f32]) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let rows = hidden.len() / c.hidden_size;
+        let mut normed = vec![0f32; hidden.len()];
+        ops::rms_norm(hidden, &self.final_norm, c.rms_norm_eps, &mut normed);
+        self.lm_head.forward(&normed, rows)
+    }
+
+    fn geometry(&self) -> String {
+        let c = &self.config;
+        let attention = c.kv_shape().layers;
+        format!(
+            "qwen3_next layers={} attention_layers={attention} hidden={} vocab={}",
+            c.num_layers, c.hidden_size, c.vocab_size
+        )
+    }
+
+    fn numerics(&self) -> String {
+        format!("weights={:?}", WeightFormat::Native)
+    }
+
+    fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mixer = match &l.mixer {
+                    Mixer::GatedDeltaNet(g, _) => g.weight_bytes(),
+                    Mixer::FullAttention(a, _) => a.weight_bytes(),
+                };
+                mixer + l.gate_up.weight_bytes() + l.down.weight_bytes()
+            })
+            .sum();
+        layers + self.embed.len() * 4 + self.lm_head.weight_bytes()
+    }
+
+    fn is_batch_invariant(&self) -> bool {
+        HybridModel::is_batch_invariant(self)
+    }
+
+    /// Per row the residual, norms and mixer output, the widest projection (a gated delta
+    /// net's `q|k|v|z|b|a`, or gated attention's `q|gate|k|v`), gate/up/act (`f32`), plus
+    /// the last row's logits.
+    fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64 {
+        let c = &self.config;
+        let gdn = 2 * c.linear_key_dim() + 2 * c.linear_value_dim() + 2 * c.linear_num_value_heads;
+        let attn = 2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim;
+        let row = 4 * c.hidden_size + gdn.max(attn) + 3 * c.intermediate_size;
+        (chunk_tokens.max(1) * row * 4 + c.vocab_size * 4) as u64
     }
 }
 

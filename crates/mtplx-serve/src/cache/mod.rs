@@ -24,7 +24,7 @@ pub mod session;
 pub mod stage;
 pub mod tier;
 
-pub use tier::{CacheTier, SsdMode, TierConfig};
+pub use tier::{CacheTier, SsdMode, TierConfig, DEFAULT_MIN_PREFIX_TOKENS};
 
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};

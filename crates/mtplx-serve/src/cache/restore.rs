@@ -1,5 +1,5 @@
 //! Restore for a [`Job`]: the bank's lookup (RAM and SSD candidates ranked by the prompt
-//! tokens they cover, from metadata) and the winner built into a cache in the engine's
+//! tokens they cover, from metadata) and the winner built into a sequence in the engine's
 //! layout, on a blocking thread so the engine keeps generating meanwhile. Candidates not
 //! served are released by the lookup itself, before the prefill.
 
@@ -19,12 +19,12 @@ pub fn restore(tier: &CacheTier, job: &Job) -> RestoreOutcome {
         identity: tier.identity(),
         prompt: &job.prompt,
         session: job.resolved.as_ref().map(|r| &r.id),
-        floor: 0,
+        floor: tier.min_prefix_tokens(),
     });
-    let (cache, explanation) = match plan.restore(tier.factory(), tier.shape()) {
+    let (sequence, explanation) = match plan.restore(tier.factory(), tier.shape()) {
         Ok(restored) => {
             let cached = restored.explanation.cached_tokens > 0;
-            (cached.then_some(restored.cache), restored.explanation)
+            (cached.then_some(restored.sequence), restored.explanation)
         }
         // A stored state that can't be built here (another shape: a bug, not bad input)
         // is a miss with a reason; the prompt is computed cold.
@@ -35,7 +35,7 @@ pub fn restore(tier: &CacheTier, job: &Job) -> RestoreOutcome {
         }
     };
     RestoreOutcome {
-        cache,
+        sequence,
         explanation,
         restore_s: start.elapsed().as_secs_f64(),
     }

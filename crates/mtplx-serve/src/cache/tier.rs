@@ -11,8 +11,8 @@ use mtplx_bank::{
     Bank, BankConfig, BankEvent, ColdConfig, Identity, Mtp, SpillOutcome, SsdAccess, SsdError,
     SsdSetup,
 };
-use mtplx_kv::{CacheFactory, KvShape, LayoutKind};
-use mtplx_model::{Bundle, LanguageModel};
+use mtplx_kv::{CacheFactory, LayoutKind, StateShape};
+use mtplx_model::Bundle;
 
 use crate::job::Reservation;
 use crate::session::locks::SessionLocks;
@@ -43,7 +43,14 @@ pub struct TierConfig {
     pub ssd_free_disk_floor: Option<u64>,
     /// Prompt tokens per prefill pass (for the activation estimate).
     pub prefill_chunk_tokens: usize,
+    /// The lowest restore point a hybrid state is restored at (RAM or SSD): below it the
+    /// candidate is refused from metadata (`prefix_boundary_below_floor`,
+    /// `ssd_prefix_boundary_below_floor`) and the prompt is computed instead.
+    pub min_prefix_tokens: usize,
 }
+
+/// The default [`TierConfig::min_prefix_tokens`].
+pub const DEFAULT_MIN_PREFIX_TOKENS: usize = 512;
 
 impl TierConfig {
     /// Defaults for this machine: bank budgets from its RAM, SSD on under
@@ -58,6 +65,7 @@ impl TierConfig {
             ssd_max_bytes: None,
             ssd_free_disk_floor: None,
             prefill_chunk_tokens: 512,
+            min_prefix_tokens: DEFAULT_MIN_PREFIX_TOKENS,
         }
     }
 }
@@ -85,7 +93,8 @@ struct Inner {
     ssd_dir: PathBuf,
     identity: Identity,
     factory: CacheFactory,
-    shape: KvShape,
+    shape: StateShape,
+    min_prefix_tokens: usize,
     locks: SessionLocks,
     weights_bytes: u64,
     activation_bytes: u64,
@@ -98,7 +107,6 @@ struct Inner {
 impl CacheTier {
     /// Opens the SSD tier (when on) and builds the bank for `bundle`.
     pub fn open(bundle: &Bundle, config: TierConfig) -> Result<CacheTier, TierError> {
-        let model_config = bundle.model.config();
         let factory = match config.layout {
             LayoutKind::Contiguous => CacheFactory::contiguous(),
             LayoutKind::Paged => CacheFactory::paged(),
@@ -136,10 +144,12 @@ impl CacheTier {
                 ssd_dir: config.ssd_dir,
                 identity: identity(bundle),
                 factory,
-                shape: model_config.kv_shape(),
+                shape: bundle.model.state_shape(),
+                min_prefix_tokens: config.min_prefix_tokens,
                 locks: SessionLocks::default(),
                 weights_bytes: bundle.model.weight_bytes() as u64,
-                activation_bytes: model_config
+                activation_bytes: bundle
+                    .model
                     .prefill_activation_bytes(config.prefill_chunk_tokens),
                 reserved: Arc::new(AtomicU64::new(0)),
                 closed: AtomicBool::new(false),
@@ -167,8 +177,14 @@ impl CacheTier {
         &self.inner.factory
     }
 
-    pub fn shape(&self) -> KvShape {
-        self.inner.shape
+    /// The model's per-sequence state: what restores build.
+    pub fn shape(&self) -> &StateShape {
+        &self.inner.shape
+    }
+
+    /// The floor of a hybrid restore ([`TierConfig::min_prefix_tokens`]).
+    pub fn min_prefix_tokens(&self) -> usize {
+        self.inner.min_prefix_tokens
     }
 
     pub fn locks(&self) -> &SessionLocks {

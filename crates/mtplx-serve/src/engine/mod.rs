@@ -57,7 +57,7 @@ impl Engine {
         // A head that does not fit the model is a startup error, not a silent fallback.
         let mtp_head = match &config.speculation.head {
             Some(path) if config.speculation.depth > 0 => Some(Arc::new(
-                MtpHead::load(path, &bundle.model, Vocab::FromFile).map_err(|e| {
+                MtpHead::load(path, bundle.model.as_ref(), Vocab::FromFile).map_err(|e| {
                     std::io::Error::other(format!("MTP head {}: {e}", path.display()))
                 })?,
             )),

@@ -5,9 +5,9 @@ use mtplx_model::tokenizer::SpecialText;
 use std::sync::Arc;
 
 use mtplx_bank::{Commit, Explanation};
-use mtplx_kv::KvCache;
+use mtplx_kv::Sequence;
 use mtplx_model::mtp::MtpHead;
-use mtplx_model::{Bundle, LanguageModel};
+use mtplx_model::Bundle;
 use mtplx_spec::{drive, End, Request};
 use tokio::sync::mpsc;
 
@@ -60,18 +60,16 @@ impl Worker {
     /// Runs `job`, streaming its events to `tx`, then records it.
     pub fn run(&mut self, mut job: Job, tx: mpsc::Sender<Event>) {
         let restore = job.restore.take().unwrap_or_else(|| RestoreOutcome {
-            cache: None,
+            sequence: None,
             explanation: Explanation::cold(job.prompt.len(), None),
             restore_s: 0.0,
         });
-        let mut cache = restore.cache.unwrap_or_else(|| {
-            self.tier
-                .factory()
-                .new_cache(self.bundle.model.config().kv_shape())
-        });
+        let mut seq = restore
+            .sequence
+            .unwrap_or_else(|| Sequence::new(self.tier.factory(), self.tier.shape()));
         let mut tokens = Vec::new();
-        let result = self.generate(&job, cache.as_mut(), &mut tokens, &tx);
-        let committed = self.commit(&job, cache.as_ref(), &tokens);
+        let result = self.generate(&job, &mut seq, &mut tokens, &tx);
+        let committed = self.commit(&job, &mut seq, &tokens);
         let result = result.map(|mut summary| {
             summary.session = job
                 .resolved
@@ -124,23 +122,25 @@ impl Worker {
         }
     }
 
-    /// Commits what the cache holds (the prompt and the answer so far, cancelled or not) to
-    /// the bank under the job's session. Returns whether it was kept.
-    fn commit(&self, job: &Job, cache: &dyn KvCache, tokens: &[u32]) -> bool {
+    /// Commits what the sequence holds (the prompt and the answer so far, cancelled or not)
+    /// to the bank under the job's session, with a hybrid model's checkpoints (one at its
+    /// end, so the whole state comes back). Returns whether it was kept.
+    fn commit(&self, job: &Job, seq: &mut Sequence, tokens: &[u32]) -> bool {
         let Some(resolved) = &job.resolved else {
             return false;
         };
-        let held = cache.len();
+        let held = seq.len();
         if held == 0 || tokens.len() < held {
             return false;
         }
+        seq.checkpoint();
         let commit = Commit {
             session: resolved.id.clone(),
             identity: self.tier.identity().clone(),
             tokens: tokens[..held].to_vec(),
-            kv: cache.snapshot(),
+            kv: seq.kv().snapshot(),
             continuation: None,
-            checkpoints: None,
+            checkpoints: seq.checkpoints().map(<[_]>::to_vec),
         };
         match self.tier.bank().commit(commit) {
             Ok(report) => report.kept,
@@ -151,12 +151,12 @@ impl Worker {
         }
     }
 
-    /// Generates into `cache` (which holds a prefix of the prompt, maybe empty), leaving in
-    /// `tokens` every token whose K/V the cache may hold.
+    /// Generates into `seq` (which holds a prefix of the prompt, maybe empty), leaving in
+    /// `tokens` every token the sequence may hold.
     fn generate(
         &mut self,
         job: &Job,
-        cache: &mut dyn KvCache,
+        seq: &mut Sequence,
         tokens: &mut Vec<u32>,
         tx: &mpsc::Sender<Event>,
     ) -> Result<Summary, EngineError> {
@@ -168,7 +168,7 @@ impl Worker {
             stop,
             ..
         } = self;
-        let (model, tokenizer) = (&bundle.model, &bundle.tokenizer);
+        let (model, tokenizer) = (bundle.model.as_ref(), &bundle.tokenizer);
         let is_stop = |t: u32| !job.ignore_eos && tokenizer.is_stop(t);
         let request = Request {
             prompt: &job.prompt,
@@ -186,7 +186,7 @@ impl Worker {
             stop,
             metrics,
         );
-        let mut report = drive(model, cache, &request, decode, &mut text)?;
+        let mut report = drive(model, seq, &request, decode, &mut text)?;
         *tokens = std::mem::take(&mut report.tokens);
         let finish = match report.end {
             End::Cancelled => Finish::Cancelled,

@@ -8,7 +8,7 @@ pub mod stats;
 use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 
-use mtplx_kv::{CacheFactory, KvCache, KvView};
+use mtplx_kv::{CacheFactory, KvView, Sequence};
 use mtplx_model::{Model, WeightFormat};
 
 pub fn tiny(arch: &str) -> Model {
@@ -40,9 +40,8 @@ pub fn default_bundle() -> mtplx_model::Bundle {
     mtplx_model::Bundle::load(&default_path(), WeightFormat::F32).unwrap()
 }
 
-pub fn cache(model: &Model) -> Box<dyn KvCache> {
-    use mtplx_model::LanguageModel;
-    CacheFactory::contiguous().new_cache(model.config().kv_shape())
+pub fn cache(model: &dyn mtplx_model::LanguageModel) -> Sequence {
+    model.new_sequence(&CacheFactory::contiguous())
 }
 
 /// Every K and V value of every layer, as bits.
@@ -60,11 +59,15 @@ pub fn kv_bits(cache: &dyn KvView) -> Vec<u32> {
 }
 
 /// Greedy plain decoding of `n` tokens after `prompt`: the tokens, and the KV's bits.
-pub fn plain_greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
+pub fn plain_greedy(
+    model: &dyn mtplx_model::LanguageModel,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<u32>) {
     let mut c = cache(model);
     let mut g = mtplx_model::Generator::new(
         model,
-        c.as_mut(),
+        &mut c,
         prompt,
         mtplx_model::sampling::Sampler::greedy(),
         64,
@@ -75,7 +78,7 @@ pub fn plain_greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u
     }
     let tokens = g.generated().to_vec();
     drop(g);
-    (tokens, kv_bits(c.as_ref()))
+    (tokens, kv_bits(c.kv()))
 }
 
 /// A chat turn, and code that prompt lookup can copy from.

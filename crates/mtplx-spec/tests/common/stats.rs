@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use mtplx_model::sampling::RandomSampling;
-use mtplx_model::{LanguageModel, Model, Want};
+use mtplx_model::Want;
 
 pub const PROMPT: [u32; 7] = [3, 41, 97, 5, 200, 17, 64];
 pub const SAMPLES: u64 = 20_000;
@@ -20,16 +20,19 @@ pub fn sampling(seed: u64) -> RandomSampling {
 }
 
 /// The exact distribution of (t0, t1) under plain sampling.
-pub fn exact_pairs(model: &Model, s: RandomSampling) -> BTreeMap<(u32, u32), f64> {
+pub fn exact_pairs(
+    model: &dyn mtplx_model::LanguageModel,
+    s: RandomSampling,
+) -> BTreeMap<(u32, u32), f64> {
     let mut out = BTreeMap::new();
     let mut cache = super::cache(model);
-    let first = model.forward(&PROMPT, cache.as_mut(), Want::Last).unwrap();
+    let first = model.forward(&PROMPT, &mut cache, Want::Last).unwrap();
     let d0 = s.distribution(first.last_logits());
     for (&t0, &p0) in d0.tokens.iter().zip(&d0.probs) {
         let mut c = super::cache(model);
         let mut ctx = PROMPT.to_vec();
         ctx.push(t0);
-        let next = model.forward(&ctx, c.as_mut(), Want::Last).unwrap();
+        let next = model.forward(&ctx, &mut c, Want::Last).unwrap();
         let d1 = s.distribution(next.last_logits());
         for (&t1, &p1) in d1.tokens.iter().zip(&d1.probs) {
             *out.entry((t0, t1)).or_default() += p0 as f64 * p1 as f64;

@@ -1,0 +1,285 @@
+//! A hybrid (Qwen3-Next) model served end to end, over HTTP, from the folder `cargo xtask
+//! make-hybrid` writes (seeded weights under the published names, the default model's
+//! tokenizer and chat template), loaded by the same `Bundle::load` a user's folder goes
+//! through.
+//!
+//! - The seeds' scenario: two conversations share a long system prompt, the bank holds
+//!   one; the first returns after its eviction, to a restarted server, and is restored
+//!   `ssd_clone` from its own full state (not from the neighbour's system prompt in RAM),
+//!   with the answer of a cold prefill, byte for byte.
+//! - A conversation whose checkpoints all lie below `--ssd-session-cache-min-prefix-tokens`
+//!   is refused from the manifest (`ssd_prefix_boundary_below_floor`): nothing is read from
+//!   the SSD tier and the prompt is computed.
+//! - A follow-up turn from RAM restores the recurrent state at the previous turn's end, and
+//!   `/admin/sessions` and `/metrics` report checkpoint bytes.
+
+mod serve_support;
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use mtplx_model::hybrid::synthetic;
+use mtplx_model::{Bundle, WeightFormat};
+use mtplx_serve::cache::SsdMode;
+use mtplx_serve::{AppState, Settings};
+use serde_json::{json, Value};
+use serve_support::{call, get, log_lines, post_json};
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// The synthetic hybrid model, written and loaded once per test binary.
+fn hybrid() -> Arc<Bundle> {
+    static BUNDLE: OnceLock<Arc<Bundle>> = OnceLock::new();
+    BUNDLE
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap().keep().join("tiny-qwen3-next");
+            let tokenizer = &serve_support::bundle().tokenizer;
+            synthetic::write(&dir, &synthetic::config(), 7, Some(tokenizer)).unwrap();
+            let bundle = Bundle::load(&dir, WeightFormat::Native).expect("load the hybrid model");
+            assert!(bundle.template.is_some(), "the chat template came along");
+            Arc::new(bundle)
+        })
+        .clone()
+}
+
+fn state_with(settings: Settings) -> AppState {
+    AppState::new(hybrid(), settings).expect("start the engine")
+}
+
+/// A long system prompt (some 700 tokens): what agent conversations share.
+fn system() -> String {
+    (0..60)
+        .map(|i| format!("Rule {i}: answer tool call {i} with the file it names."))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn chat(messages: &[(&str, &str)], max_tokens: u32) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0})
+}
+
+fn with_session(body: &Value, session: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut r = post_json(CHAT, body);
+    r.headers_mut()
+        .insert("x-session-id", session.parse().unwrap());
+    r
+}
+
+fn answer(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no answer in {v}"))
+        .to_owned()
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Logged, a bank of one entry over an SSD tier at `ssd` written at every commit.
+fn one_entry_over(dir: &Path, ssd: &Path) -> Settings {
+    let mut s = Settings {
+        context_window: Some(4096),
+        request_log: Some(dir.join("log.jsonl")),
+        ..Settings::default()
+    };
+    s.cache.ssd = SsdMode::On;
+    s.cache.ssd_dir = ssd.to_path_buf();
+    s.cache.ssd_free_disk_floor = Some(0);
+    s.cache.bank.max_entries = 1;
+    s
+}
+
+/// Drops a server and waits until its SSD store has closed (its directory lock released).
+async fn stop(state: AppState, ssd: &Path) {
+    drop(state);
+    serve_support::eventually("the SSD store to close", || {
+        !mtplx_cold::storage::FsStorage::in_use(ssd).expect("probe the SSD directory lock")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_returning_hybrid_conversation_is_restored_from_its_own_state_on_the_ssd() {
+    let dir = tempfile::tempdir().unwrap();
+    let ssd = dir.path().join("ssd");
+    let system = system();
+    let q1 = "Which file does tool call 3 name?";
+    let q2 = "Which file does tool call 41 name?";
+    let s = one_entry_over(dir.path(), &ssd);
+
+    // Server one: two conversations over the same system prompt; the second evicts (spills)
+    // the first. One token each: the bank keeps exactly the prompt's state.
+    let one = state_with(s.clone());
+    let first = call(
+        &one,
+        with_session(&chat(&[("system", &system), ("user", q1)], 1), "c1"),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let a1 = answer(&first.json());
+    let prompt1 = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt1 > 600, "a long prompt: {prompt1} tokens");
+    let other = call(
+        &one,
+        with_session(&chat(&[("system", &system), ("user", q2)], 1), "c2"),
+    )
+    .await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    let done = one.tier().bank().wait_for_spills();
+    assert!(done.written >= 1 && done.failed == 0, "{done:?}");
+    stop(one, &ssd).await;
+
+    // Server two, over the same SSD directory: conversation 2 is in RAM again (a neighbour
+    // that shares the system prompt), then conversation 1 returns.
+    let two = state_with(s);
+    let again = call(
+        &two,
+        with_session(&chat(&[("system", &system), ("user", q2)], 1), "c2"),
+    )
+    .await;
+    assert_eq!(again.status, 200);
+    let turn2 = chat(
+        &[
+            ("system", &system),
+            ("user", q1),
+            ("assistant", &a1),
+            ("user", "And tool call 4?"),
+        ],
+        8,
+    );
+    let back = call(&two, with_session(&turn2, "c1")).await;
+    assert_eq!(back.status, 200, "{}", back.text());
+    let lines = log_lines(&dir.path().join("log.jsonl"));
+    let last = lines.last().unwrap();
+    assert_eq!(last["session_restore_mode"], "ssd_clone", "{last}");
+    assert_eq!(last["cache_source"], "ssd", "{last}");
+    assert_eq!(
+        cached(&back.json()),
+        prompt1,
+        "restored at its own prompt's end, not at the shared system prompt: {last}"
+    );
+    assert!(
+        last["refused_candidates"]
+            .as_str()
+            .is_some_and(|r| r.contains("lower_coverage")),
+        "the RAM neighbour was considered and lost on coverage: {last}"
+    );
+
+    // The same turn computed cold: the same answer, byte for byte.
+    let cold = call(&state_with(Settings::default()), post_json(CHAT, &turn2)).await;
+    assert_eq!(cached(&cold.json()), 0);
+    assert_eq!(
+        answer(&back.json()),
+        answer(&cold.json()),
+        "the restore changed the answer"
+    );
+}
+
+#[tokio::test]
+async fn a_hybrid_state_below_the_floor_is_refused_from_the_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let ssd = dir.path().join("ssd");
+    let state = state_with(one_entry_over(dir.path(), &ssd));
+    // Short conversations: every checkpoint lies below the default floor of 512 tokens.
+    let short = chat(&[("user", "Name a colour.")], 1);
+    assert_eq!(call(&state, with_session(&short, "s1")).await.status, 200);
+    let other = chat(&[("user", "Name a number.")], 1);
+    assert_eq!(call(&state, with_session(&other, "s2")).await.status, 200);
+    assert!(state.tier().bank().wait_for_spills().written >= 1);
+    let back = chat(
+        &[
+            ("user", "Name a colour."),
+            ("assistant", "Red."),
+            ("user", "Another?"),
+        ],
+        4,
+    );
+    let reply = call(&state, with_session(&back, "s1")).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(cached(&reply.json()), 0);
+    let lines = log_lines(&dir.path().join("log.jsonl"));
+    let last = lines.last().unwrap();
+    assert_eq!(last["session_restore_mode"], "cold", "{last}");
+    assert_eq!(
+        last["cache_miss_reason"], "ssd_prefix_boundary_below_floor",
+        "{last}"
+    );
+    // Refused from metadata: no restore from the SSD tier was attempted.
+    let stats = state.tier().bank().stats();
+    assert!(
+        stats
+            .restores
+            .keys()
+            .all(|m| !m.as_str().starts_with("ssd")),
+        "{:?}",
+        stats.restores
+    );
+    assert_eq!(stats.ssd_restore_failures, 0);
+}
+
+#[tokio::test]
+async fn a_follow_up_turn_continues_from_the_recurrent_state_in_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Settings {
+        context_window: Some(4096),
+        request_log: Some(dir.path().join("log.jsonl")),
+        ..Settings::default()
+    };
+    s.cache.min_prefix_tokens = 0;
+    let state = state_with(s);
+    let q = "Summarise the rules.";
+    let system = system();
+    let one = call(
+        &state,
+        with_session(&chat(&[("system", &system), ("user", q)], 1), "f"),
+    )
+    .await;
+    assert_eq!(one.status, 200, "{}", one.text());
+    let a = answer(&one.json());
+    let prompt1 = one.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let turn2 = chat(
+        &[
+            ("system", &system),
+            ("user", q),
+            ("assistant", &a),
+            ("user", "More."),
+        ],
+        6,
+    );
+    let two = call(&state, with_session(&turn2, "f")).await;
+    assert_eq!(two.status, 200, "{}", two.text());
+    assert_eq!(
+        cached(&two.json()),
+        prompt1,
+        "restored at the first turn's end"
+    );
+    let lines = log_lines(&dir.path().join("log.jsonl"));
+    assert_eq!(lines[1]["session_restore_mode"], "clone", "{}", lines[1]);
+    let cold = call(&state_with(Settings::default()), post_json(CHAT, &turn2)).await;
+    assert_eq!(answer(&two.json()), answer(&cold.json()));
+
+    let sessions = call(&state, get("/admin/sessions")).await.json();
+    let entry = &sessions["data"][0];
+    assert!(entry["checkpoint_bytes"].as_u64().unwrap() > 0, "{entry}");
+    let positions: Vec<u64> = entry["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert!(!positions.is_empty() && positions.len() <= mtplx_bank::MAX_CHECKPOINTS);
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    let metrics = call(&state, get("/metrics")).await.text();
+    let bytes = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mtplx_bank_checkpoint_bytes "))
+        .expect("the checkpoint bytes gauge");
+    assert!(bytes.trim().parse::<u64>().unwrap() > 0, "{bytes}");
+}
