@@ -6,20 +6,18 @@
 //! restore builds; for a prompt that continues the stored turn (restored at its end) and for
 //! one that edits its answer (restored at the checkpoint on the 256-token block boundary).
 
-use mtplx_kv::{CheckpointPolicy, Sequence};
-use mtplx_model::LanguageModel as _;
+mod hybrid_support;
+
 use std::num::NonZeroUsize;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 
-use mtplx_bank::{
-    Bank, BankConfig, Checkpoint, Commit, LookupQuery, Matching, RestoreMode, SessionId,
-};
-use mtplx_cold::{ColdConfig, ColdStore, Identity, Mtp, GIB};
-use mtplx_kv::CacheFactory;
+use hybrid_support::{bank_config, cold_store};
+use mtplx_bank::{Bank, Checkpoint, Commit, LookupQuery, RestoreMode, SessionId};
+use mtplx_cold::Identity;
+use mtplx_kv::{CacheFactory, CheckpointPolicy, Sequence};
 use mtplx_model::hybrid::{HybridConfig, HybridModel, HybridWeights};
 use mtplx_model::sampling::{Penalties, RandomSampling, Sampler, Sampling};
+use mtplx_model::LanguageModel as _;
 use mtplx_model::Want;
 
 const DECODE: usize = 16;
@@ -34,47 +32,11 @@ fn policy() -> CheckpointPolicy {
 }
 
 fn identity() -> Identity {
-    Identity {
-        model: "synthetic-hybrid-seed-9".into(),
-        chat_template: "none".into(),
-        mtp: Mtp::Off,
-        policy: "default".into(),
-    }
+    hybrid_support::identity("synthetic-hybrid-seed-9")
 }
 
-fn bank_config(max_entries: usize) -> BankConfig {
-    BankConfig {
-        max_bytes: 1 << 40,
-        max_session_bytes: 1 << 40,
-        max_entries,
-        max_entries_per_session: 1000,
-        idle_ttl: Duration::from_secs(1 << 30),
-        idle_write: None,
-        active_window: Duration::from_secs(600),
-        memory_limit_bytes: 1 << 40,
-        matching: Matching::default(),
-    }
-}
-
-fn cold_store(dir: &Path) -> Arc<ColdStore> {
-    let config = ColdConfig {
-        cap_bytes: 100 * GIB,
-        free_disk_floor: 0,
-        backlog_cap_bytes: GIB,
-        ..ColdConfig::for_ram(128 * GIB)
-    };
-    Arc::new(ColdStore::open_dir(dir, config).unwrap())
-}
-
-fn xorshift_tokens(n: usize, mut seed: u64) -> Vec<u32> {
-    (0..n)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % 256) as u32
-        })
-        .collect()
+fn xorshift_tokens(n: usize, seed: u64) -> Vec<u32> {
+    hybrid_support::xorshift_tokens(n, seed, 256)
 }
 
 fn samplers() -> [Sampler; 2] {
