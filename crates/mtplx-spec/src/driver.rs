@@ -234,7 +234,14 @@ pub fn drive<'a>(
         }
         report.new_prefill_tokens += piece.len();
     }
-    let mut stepper = Stepper::start(model, seq, prompt, request.sampler.clone(), chunk, decode)?;
+    let mut stepper = Stepper::start(
+        model,
+        &mut *seq,
+        prompt,
+        request.sampler.clone(),
+        chunk,
+        decode,
+    )?;
     report.new_prefill_tokens += 1;
     report.prefill_s = prefill_start.elapsed().as_secs_f64();
 
@@ -272,6 +279,8 @@ pub fn drive<'a>(
     };
     report.tokens = stepper.tokens().to_vec();
     report.speculation = stepper.into_speculation();
+    // The prompt's end (recorded when its last token ran) joins the kept ones.
+    seq.thin(MAX_CHECKPOINTS);
     Ok(report)
 }
 
