@@ -10,12 +10,14 @@
 //! - A conversation whose checkpoints all lie below `--ssd-session-cache-min-prefix-tokens`
 //!   is refused from the manifest (`ssd_prefix_boundary_below_floor`): nothing is read from
 //!   the SSD tier and the prompt is computed.
+//! - The same across two real server processes (`--model DIR`), the first killed with
+//!   SIGKILL once its spill is on disk.
 //! - A follow-up turn from RAM restores the recurrent state at the previous turn's end, and
 //!   `/admin/sessions` and `/metrics` report checkpoint bytes.
 
 mod serve_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use mtplx_model::hybrid::synthetic;
@@ -23,23 +25,26 @@ use mtplx_model::{Bundle, WeightFormat};
 use mtplx_serve::cache::SsdMode;
 use mtplx_serve::{AppState, Settings};
 use serde_json::{json, Value};
+use serve_support::process::{eventually_async, ssd_args, Server};
 use serve_support::{call, get, log_lines, post_json};
 
 const CHAT: &str = "/v1/chat/completions";
 
-/// The synthetic hybrid model, written and loaded once per test binary.
+/// The synthetic hybrid model's folder and the model loaded from it, once per test binary.
+fn hybrid_model() -> &'static (PathBuf, Arc<Bundle>) {
+    static MODEL: OnceLock<(PathBuf, Arc<Bundle>)> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep().join("tiny-qwen3-next");
+        let tokenizer = &serve_support::bundle().tokenizer;
+        synthetic::write(&dir, &synthetic::config(), 7, Some(tokenizer)).unwrap();
+        let bundle = Bundle::load(&dir, WeightFormat::Native).expect("load the hybrid model");
+        assert!(bundle.template.is_some(), "the chat template came along");
+        (dir, Arc::new(bundle))
+    })
+}
+
 fn hybrid() -> Arc<Bundle> {
-    static BUNDLE: OnceLock<Arc<Bundle>> = OnceLock::new();
-    BUNDLE
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap().keep().join("tiny-qwen3-next");
-            let tokenizer = &serve_support::bundle().tokenizer;
-            synthetic::write(&dir, &synthetic::config(), 7, Some(tokenizer)).unwrap();
-            let bundle = Bundle::load(&dir, WeightFormat::Native).expect("load the hybrid model");
-            assert!(bundle.template.is_some(), "the chat template came along");
-            Arc::new(bundle)
-        })
-        .clone()
+    hybrid_model().1.clone()
 }
 
 fn state_with(settings: Settings) -> AppState {
@@ -282,4 +287,75 @@ async fn a_follow_up_turn_continues_from_the_recurrent_state_in_ram() {
         .find_map(|l| l.strip_prefix("mtplx_bank_checkpoint_bytes "))
         .expect("the checkpoint bytes gauge");
     assert!(bytes.trim().parse::<u64>().unwrap() > 0, "{bytes}");
+}
+
+#[tokio::test]
+async fn a_hybrid_conversation_spilled_by_a_killed_server_process_is_restored_by_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let ssd = dir.path().join("ssd");
+    let folder = &hybrid_model().0;
+    let start = |name: &str, log: &Path| {
+        let args = ssd_args(
+            &ssd,
+            log,
+            &[
+                "--context-window",
+                "4096",
+                "--session-bank-max-entries",
+                "1",
+                "--ssd-session-cache-min-prefix-tokens",
+                "512",
+            ],
+        );
+        Server::start_model(dir.path(), name, folder, &args)
+    };
+    let system = system();
+    let q = "Which file does tool call 7 name?";
+    let one = start("one", &dir.path().join("one.jsonl"));
+    let first = one
+        .chat(&chat(&[("system", &system), ("user", q)], 1), "p1")
+        .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let a = answer(&first.json());
+    let prompt1 = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    one.chat(&chat(&[("user", "Count from one to five.")], 1), "p2")
+        .await;
+    eventually_async("the first conversation's spill to be committed", || async {
+        one.ssd_entries().await >= 1
+    })
+    .await;
+    let mut one = one;
+    one.child.kill().expect("SIGKILL the first server");
+    one.child.wait().unwrap();
+
+    let log = dir.path().join("two.jsonl");
+    let two = start("two", &log);
+    let turn2 = chat(
+        &[
+            ("system", &system),
+            ("user", q),
+            ("assistant", &a),
+            ("user", "And 8?"),
+        ],
+        6,
+    );
+    let back = two.chat(&turn2, "p1").await;
+    assert_eq!(back.status, 200, "{}", back.text());
+    assert_eq!(cached(&back.json()), prompt1, "{}", back.text());
+    let line = {
+        let mut lines = Vec::new();
+        eventually_async("the request log line", || {
+            lines = log_lines(&log);
+            std::future::ready(!lines.is_empty())
+        })
+        .await;
+        lines.pop().unwrap()
+    };
+    assert_eq!(line["session_restore_mode"], "ssd_clone", "{line}");
+    let cold = call(&state_with(Settings::default()), post_json(CHAT, &turn2)).await;
+    assert_eq!(
+        answer(&back.json()),
+        answer(&cold.json()),
+        "the restore changed the answer"
+    );
 }

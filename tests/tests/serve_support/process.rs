@@ -40,11 +40,16 @@ impl Server {
     /// Starts the server binary on a free port with `args` (the model and the port are
     /// given), `MTPLX_HOME` under `dir`; waits for the address it prints.
     pub fn start(dir: &Path, name: &str, args: &[OsString]) -> Server {
+        Server::start_model(dir, name, &super::model_path(), args)
+    }
+
+    /// [`Server::start`] serving `model` (a GGUF file or a model folder).
+    pub fn start_model(dir: &Path, name: &str, model: &Path, args: &[OsString]) -> Server {
         let stdout = dir.join(format!("{name}.stdout"));
         let stderr = dir.join(format!("{name}.stderr"));
         let child = Command::new(env!("CARGO_BIN_EXE_mtplx-serve-under-test"))
             .arg("--model")
-            .arg(super::model_path())
+            .arg(model)
             .args(["--port", "0"])
             .args(args)
             .env("MTPLX_HOME", dir.join("home"))
