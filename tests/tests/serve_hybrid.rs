@@ -359,3 +359,48 @@ async fn a_hybrid_conversation_spilled_by_a_killed_server_process_is_restored_by
         "the restore changed the answer"
     );
 }
+
+/// Every generation endpoint serves the hybrid model (named as clients name it, by its
+/// folder), whole and streamed; `/v1/models` lists it.
+#[tokio::test]
+async fn every_endpoint_serves_the_hybrid_model() {
+    let state = state_with(Settings::default());
+    let id = "tiny-qwen3-next";
+    let models = call(&state, get("/v1/models")).await.json();
+    assert_eq!(models["data"][0]["id"], id, "{models}");
+    let requests = [
+        (
+            "/v1/chat/completions",
+            json!({"model": id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": id, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": id, "prompt": [1, 2, 3, 4, 5], "max_tokens": 4, "temperature": 0}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": id, "input": "Hi", "max_output_tokens": 4, "temperature": 0}),
+        ),
+    ];
+    for (path, body) in requests {
+        let whole = call(&state, post_json(path, &body)).await;
+        assert_eq!(whole.status, 200, "{path}: {}", whole.text());
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events = call(&state, post_json(path, &streamed)).await;
+        assert_eq!(events.status, 200, "{path} streamed: {}", events.text());
+        assert!(
+            events.sse_data().len() >= 2,
+            "{path} streamed: {}",
+            events.text()
+        );
+    }
+}
