@@ -24,8 +24,10 @@ pub struct Bundle {
 }
 
 impl Bundle {
-    /// Loads a GGUF file or a Hugging Face folder (dense, or a Qwen3-Next hybrid one) with
-    /// its tokenizer and chat template. A hybrid model always runs on mtplx's kernels
+    /// Loads a GGUF file or a Hugging Face folder (dense, or a Qwen3-Next hybrid one: a
+    /// folder whose `model_type` is `qwen3_next`, a GGUF file whose `general.architecture`
+    /// is `qwen35` or `qwen3next`, its tokenizer then from the file's metadata) with its
+    /// tokenizer and chat template. A hybrid model always runs on mtplx's kernels
     /// ([`WeightFormat::Native`]); another `format` is refused for it.
     pub fn load(path: &Path, format: WeightFormat) -> Result<Self> {
         let (model, tokenizer): (Box<dyn LanguageModel>, _) = if path.is_dir() {
@@ -35,15 +37,7 @@ impl Bundle {
                 cfg.exists().then_some(cfg.as_path()),
             )?;
             if is_hybrid_folder(path)? {
-                if format != WeightFormat::Native {
-                    return Err(ModelError::BadConfig {
-                        path: path.to_path_buf(),
-                        reason: format!(
-                            "a hybrid model runs on mtplx's kernels only (weights `native`), \
-                             not {format:?}"
-                        ),
-                    });
-                }
+                native_only(path, format)?;
                 (Box::new(HybridModel::load(path)?), tokenizer)
             } else {
                 let mut src = HfSource::open(path)?;
@@ -55,10 +49,16 @@ impl Bundle {
             }
         } else {
             let mut src = GgufSource::open(path)?;
-            let config = src.config()?;
             let tokenizer = Tokenizer::from_gguf(src.content())?;
-            let model = Model::from_source(&mut src, config, format)?;
-            (Box::new(model), tokenizer)
+            if hybrid::gguf::architecture(src.content()).is_some() {
+                native_only(path, format)?;
+                let (config, weights) = hybrid::gguf::read(&mut src)?;
+                (Box::new(HybridModel::new(config, &weights)?), tokenizer)
+            } else {
+                let config = src.config()?;
+                let model = Model::from_source(&mut src, config, format)?;
+                (Box::new(model), tokenizer)
+            }
         };
         let vocab = model.dims().vocab_size;
         if tokenizer.vocab_size() > vocab {
@@ -129,6 +129,19 @@ impl Bundle {
             numerics: self.model.numerics(),
         }
     }
+}
+
+/// A hybrid model runs on mtplx's kernels only: another weight format is refused.
+fn native_only(path: &Path, format: WeightFormat) -> Result<()> {
+    if format == WeightFormat::Native {
+        return Ok(());
+    }
+    Err(ModelError::BadConfig {
+        path: path.to_path_buf(),
+        reason: format!(
+            "a hybrid model runs on mtplx's kernels only (weights `native`), not {format:?}"
+        ),
+    })
 }
 
 /// Whether the Hugging Face folder `dir` holds a hybrid (Qwen3-Next) model, by its

@@ -53,6 +53,10 @@ pub struct Tokenizer {
     special: Vec<(u32, String)>,
     chat_template: Option<String>,
     add_bos: bool,
+    /// The stop ids the source named beyond EOS (GGUF `eot_token_id`, `eom_token_id`).
+    extra_stop: Vec<u32>,
+    /// The GGUF pre-tokenizer name, when the tokenizer came from a GGUF file.
+    gguf_pre: Option<String>,
 }
 
 impl Tokenizer {
@@ -96,6 +100,7 @@ impl Tokenizer {
             extra_stop,
             chat_template,
             add_bos,
+            gguf_pre,
         } = parts;
         let special: Vec<(u32, String)> = (0..pieces.len() as u32)
             .filter(|&id| pieces.is_special(id))
@@ -103,7 +108,7 @@ impl Tokenizer {
             .collect();
         let mut stop: Vec<u32> = eos
             .into_iter()
-            .chain(extra_stop)
+            .chain(extra_stop.iter().copied())
             .chain(
                 special
                     .iter()
@@ -126,6 +131,8 @@ impl Tokenizer {
             special,
             chat_template,
             add_bos,
+            extra_stop,
+            gguf_pre,
         }
     }
 
@@ -222,6 +229,29 @@ impl Tokenizer {
         });
         let config = serde_json::to_string_pretty(&config).expect("a JSON value prints");
         Ok((tokenizer, config))
+    }
+
+    /// This tokenizer as GGUF metadata (`tokenizer.ggml.*` and `tokenizer.chat_template`),
+    /// so a GGUF file written by mtplx (`hybrid::gguf::save`) carries the tokenizer of the
+    /// file it was made beside; [`Tokenizer::from_gguf`] reads it back. Only a tokenizer
+    /// read from a GGUF file can be written: one from `tokenizer.json` has no GGUF
+    /// pre-tokenizer name ([`TokenizerError::NoGgufPreTokenizer`]).
+    pub fn to_gguf_metadata(&self) -> Result<Vec<(String, gguf_file::Value)>, TokenizerError> {
+        let pre = self
+            .gguf_pre
+            .as_deref()
+            .ok_or(TokenizerError::NoGgufPreTokenizer)?;
+        gguf::metadata(parts::GgufParts {
+            hf: &self.split,
+            pieces: &self.pieces,
+            bos: self.bos,
+            eos: self.eos,
+            pad: self.pad,
+            extra_stop: &self.extra_stop,
+            chat_template: self.chat_template.as_deref(),
+            add_bos: self.add_bos,
+            pre,
+        })
     }
 
     /// Whether `id` is a special (control) token: left out by `decode(.., true)`.

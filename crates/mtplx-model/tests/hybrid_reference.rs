@@ -465,3 +465,24 @@ fn a_checkpoint_loaded_under_the_published_names_matches_the_reference() {
         "loaded vs reference: relative error {err:e}"
     );
 }
+
+#[test]
+fn a_gguf_file_loaded_matches_the_reference() {
+    // llama.cpp's `qwen35` layout (tiled value heads, `-exp(A_log)`), through the loader.
+    let config = HybridConfig::tiny();
+    let weights = HybridWeights::random(&config, 29);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.gguf");
+    mtplx_model::hybrid::gguf::save(&file, &config, &weights, None).unwrap();
+    let model = HybridModel::load(&file).unwrap();
+    let ids = tokens(120, config.vocab_size, 0x2545_F491);
+    let mut cache = Sequence::new(&CacheFactory::paged(), &config.state_shape());
+    let out = model.forward(&ids, &mut cache, Want::All).unwrap();
+    let got: Vec<Vec<f32>> = (0..out.rows).map(|r| out.logits_row(r).to_vec()).collect();
+    // The reference runs the weights the file was written from.
+    let mut reference = Reference::new(&config, &weights, Variant::Exact);
+    let want: Vec<Vec<f64>> = ids.iter().map(|&t| reference.step(t)).collect();
+    let err = worst_error(&got, &want);
+    eprintln!("loaded GGUF: relative error {err:e}");
+    assert!(err < TOLERANCE, "GGUF vs reference: relative error {err:e}");
+}

@@ -201,17 +201,17 @@ pub fn config_to_json(c: &HybridConfig) -> Value {
 }
 
 /// Where each published row of the three regrouped matrices goes in ours.
-struct RowMaps {
+pub(super) struct RowMaps {
     /// `in_proj_qkvz`: published row → our row.
     qkvz: Vec<usize>,
-    /// `in_proj_ba`.
-    ba: Vec<usize>,
-    /// `q_proj`.
-    q: Vec<usize>,
+    /// `in_proj_ba` (also llama.cpp's `qwen3next` `ssm_ba`).
+    pub(super) ba: Vec<usize>,
+    /// `q_proj` (also llama.cpp's `attn_q`).
+    pub(super) q: Vec<usize>,
 }
 
 impl RowMaps {
-    fn new(c: &HybridConfig) -> Self {
+    pub(super) fn new(c: &HybridConfig) -> Self {
         let (nk, dk, dv) = (
             c.linear_num_key_heads,
             c.linear_key_head_dim,
@@ -262,7 +262,7 @@ impl RowMaps {
 
 /// Rows of a `[rows, cols]` matrix moved from published order to ours (`map[published] =
 /// ours`), or back with `inverse`.
-fn permute(data: &[f32], cols: usize, map: &[usize], inverse: bool) -> Vec<f32> {
+pub(super) fn permute(data: &[f32], cols: usize, map: &[usize], inverse: bool) -> Vec<f32> {
     let mut out = vec![0f32; data.len()];
     for (published, &ours) in map.iter().enumerate() {
         let (from, to) = if inverse {

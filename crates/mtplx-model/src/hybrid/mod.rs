@@ -9,7 +9,8 @@
 //! can rewind to.
 //!
 //! Its weights load from a Qwen3-Next Hugging Face folder under the published names
-//! ([`HybridModel::load`], [`hf`]); no published checkpoint is small enough for tests, so
+//! ([`HybridModel::load`], [`hf`]) or from a GGUF file under llama.cpp's (`qwen35`, or a
+//! dense `qwen3next`: [`gguf`]); no published checkpoint is small enough for tests, so
 //! the tests draw weights from a seed ([`HybridWeights::random`], written as such a folder
 //! by `cargo xtask make-hybrid`) and check the model against an independent float64
 //! implementation of the same formulas (`tests/hybrid_reference.rs`). Every product runs on
@@ -42,6 +43,7 @@
 mod attention;
 mod config;
 mod gdn;
+pub mod gguf;
 pub mod hf;
 mod model;
 pub mod synthetic;

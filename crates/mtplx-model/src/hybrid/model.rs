@@ -89,9 +89,14 @@ impl HybridModel {
     }
 
     /// Loads a Qwen3-Next Hugging Face folder (`config.json` and safetensors under the
-    /// published names, [`crate::hybrid::hf`]).
-    pub fn load(dir: &std::path::Path) -> Result<Self> {
-        let (config, weights) = crate::hybrid::hf::load(dir)?;
+    /// published names, [`crate::hybrid::hf`]) or, when `path` is a file, a hybrid GGUF
+    /// file under llama.cpp's names ([`crate::hybrid::gguf`]).
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        let (config, weights) = if path.is_dir() {
+            crate::hybrid::hf::load(path)?
+        } else {
+            crate::hybrid::gguf::load(path)?
+        };
         Self::new(config, &weights)
     }
 

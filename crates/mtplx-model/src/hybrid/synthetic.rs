@@ -2,12 +2,12 @@
 //! writes): no package ships a hybrid model small enough, so its weights are drawn from a
 //! seed ([`HybridWeights::random`]) and saved under the published names, with a tokenizer
 //! and chat template beside them, as a folder the same loader as a user's reads
-//! ([`crate::Bundle::load`]).
+//! ([`crate::Bundle::load`]); or as one GGUF file under llama.cpp's names ([`write_gguf`]).
 
 use std::path::Path;
 
 use crate::error::{ModelError, Result};
-use crate::hybrid::{hf, HybridConfig, HybridWeights};
+use crate::hybrid::{gguf, hf, HybridConfig, HybridWeights};
 use crate::tokenizer::Tokenizer;
 
 /// The geometry `make-hybrid` writes by default: the default model's vocabulary (49,152),
@@ -46,18 +46,10 @@ pub fn write(
     seed: u64,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
+    fits(config, tokenizer)?;
     let weights = HybridWeights::random(config, seed);
     hf::save(dir, config, &weights)?;
     if let Some(tokenizer) = tokenizer {
-        if tokenizer.vocab_size() > config.vocab_size {
-            return Err(ModelError::Hybrid {
-                reason: format!(
-                    "a tokenizer of {} ids for a vocabulary of {}",
-                    tokenizer.vocab_size(),
-                    config.vocab_size
-                ),
-            });
-        }
         let (json, tokenizer_config) = tokenizer.to_hf_json()?;
         let io = |path: std::path::PathBuf, text: String| {
             std::fs::write(&path, text).map_err(|source| ModelError::Io { path, source })
@@ -66,4 +58,36 @@ pub fn write(
         io(dir.join("tokenizer_config.json"), tokenizer_config + "\n")?;
     }
     Ok(())
+}
+
+/// Writes the same model as [`write()`] as one `qwen35` GGUF file at `path`
+/// ([`gguf::save`]), the tokenizer and chat template (when given) in its metadata. The same
+/// arguments write the same bytes.
+pub fn write_gguf(
+    path: &Path,
+    config: &HybridConfig,
+    seed: u64,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
+    fits(config, tokenizer)?;
+    gguf::save(
+        path,
+        config,
+        &HybridWeights::random(config, seed),
+        tokenizer,
+    )
+}
+
+/// A tokenizer must not name ids beyond the model's vocabulary.
+fn fits(config: &HybridConfig, tokenizer: Option<&Tokenizer>) -> Result<()> {
+    match tokenizer {
+        Some(t) if t.vocab_size() > config.vocab_size => Err(ModelError::Hybrid {
+            reason: format!(
+                "a tokenizer of {} ids for a vocabulary of {}",
+                t.vocab_size(),
+                config.vocab_size
+            ),
+        }),
+        _ => Ok(()),
+    }
 }

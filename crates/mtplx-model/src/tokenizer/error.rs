@@ -33,6 +33,10 @@ pub enum TokenizerError {
     Build(#[source] tokenizers::Error),
     #[error("encoding: {0}")]
     Encode(#[source] tokenizers::Error),
+    /// Writing GGUF metadata needs the `tokenizer.ggml.pre` name, which only a tokenizer
+    /// read from a GGUF file has.
+    #[error("this tokenizer was not read from a GGUF file: it has no GGUF pre-tokenizer name")]
+    NoGgufPreTokenizer,
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     UnknownId { id: u32, vocab: usize },
 }

@@ -9,7 +9,7 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::AddedToken;
 
 use super::error::TokenizerError;
-use super::parts::{HfTokenizer, Parts};
+use super::parts::{GgufParts, HfTokenizer, Parts};
 use super::pieces::{byte_level_bytes, Piece, TokenPieces};
 use super::pretokenizer::PreTokenizerKind;
 
@@ -138,7 +138,76 @@ pub(super) fn parts(content: &Content) -> Result<Parts, TokenizerError> {
             pre_name,
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3"
         )),
+        gguf_pre: Some(pre_name.to_owned()),
     })
+}
+
+/// A tokenizer as the metadata [`parts`] reads back: the vocabulary in id order, each
+/// token's type (control for special tokens, user-defined for the other added ones, normal
+/// for the rest), the merges in rank order, the special ids, `add_bos`, the chat template
+/// and the pre-tokenizer's name.
+pub(super) fn metadata(tok: GgufParts<'_>) -> Result<Vec<(String, Value)>, TokenizerError> {
+    let hf = tok.hf;
+    let n = tok.pieces.len();
+    let added = hf.get_added_tokens_decoder();
+    let mut tokens = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    for id in 0..n as u32 {
+        let (text, code) = match hf.id_to_token(id) {
+            // A hole in the ids: a placeholder llama.cpp decodes to nothing.
+            None => (format!("[PAD{id}]"), 5),
+            Some(text) if tok.pieces.is_special(id) => (text, 3),
+            Some(text) if added.get(&id).is_some_and(|t| !t.special) => (text, 4),
+            Some(text) => (text, 1),
+        };
+        tokens.push(Value::String(text));
+        types.push(Value::I32(code));
+    }
+    let bad = |expected| TokenizerError::BadMetadata {
+        key: MERGES,
+        expected,
+    };
+    let model = serde_json::to_value(hf.get_model()).map_err(|_| bad("serialisable"))?;
+    let merges = model
+        .get("merges")
+        .and_then(|m| m.as_array())
+        .ok_or(bad("present in the BPE model"))?
+        .iter()
+        .map(|m| match m {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(pair) => match pair.as_slice() {
+                [l, r] => Some(format!("{} {}", l.as_str()?, r.as_str()?)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .map(|m| m.map(Value::String))
+        .collect::<Option<Vec<_>>>()
+        .ok_or(bad("pairs of tokens"))?;
+    let mut md = vec![
+        (MODEL.to_owned(), Value::String("gpt2".into())),
+        (PRE.to_owned(), Value::String(tok.pre.into())),
+        (TOKENS.to_owned(), Value::Array(tokens)),
+        (TOKEN_TYPE.to_owned(), Value::Array(types)),
+        (MERGES.to_owned(), Value::Array(merges)),
+        (ADD_BOS.to_owned(), Value::Bool(tok.add_bos)),
+    ];
+    let ids = [(BOS, tok.bos), (EOS, tok.eos), (PAD, tok.pad)]
+        .into_iter()
+        .chain(
+            [EOT, EOM]
+                .into_iter()
+                .zip(tok.extra_stop.iter().map(|&i| Some(i))),
+        );
+    for (key, id) in ids {
+        if let Some(id) = id {
+            md.push((key.to_owned(), Value::U32(id)));
+        }
+    }
+    if let Some(t) = tok.chat_template {
+        md.push((CHAT_TEMPLATE.to_owned(), Value::String(t.to_owned())));
+    }
+    Ok(md)
 }
 
 /// GGUF merges are "left right"; llama.cpp splits at the first space after the first
@@ -408,6 +477,27 @@ mod tests {
             Tokenizer::from_gguf(&c),
             Err(TokenizerError::BadMetadata { key: EOS, .. })
         ));
+    }
+
+    #[test]
+    fn metadata_written_reads_back_to_the_same_tokenizer() {
+        let tok = Tokenizer::from_gguf(&tiny("smollm")).unwrap();
+        let mut c = tiny("gpt2");
+        c.metadata = tok.to_gguf_metadata().unwrap().into_iter().collect();
+        let back = Tokenizer::from_gguf(&c).unwrap();
+        for text in ["hello world 12", "<|im_end|><tool>x"] {
+            for special in [Special::AsText, Special::Parse] {
+                assert_eq!(
+                    back.encode(text, special).unwrap(),
+                    tok.encode(text, special).unwrap()
+                );
+            }
+        }
+        assert_eq!(back.vocab_size(), tok.vocab_size());
+        assert_eq!(back.stop_ids(), tok.stop_ids());
+        assert_eq!(back.special_tokens(), tok.special_tokens());
+        assert_eq!(back.chat_template(), tok.chat_template());
+        assert_eq!(back.add_bos_token(), tok.add_bos_token());
     }
 
     #[test]

@@ -178,6 +178,7 @@ pub(super) fn parts(tokenizer_json: &[u8], config: Option<&[u8]>) -> Result<Part
         chat_template: config.chat_template.and_then(TemplateSpec::into_default),
         pieces,
         hf,
+        gguf_pre: None,
     })
 }
 
