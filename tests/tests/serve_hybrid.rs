@@ -24,9 +24,9 @@ use mtplx_model::hybrid::synthetic;
 use mtplx_model::{Bundle, WeightFormat};
 use mtplx_serve::cache::SsdMode;
 use mtplx_serve::{AppState, Settings};
-use serde_json::{json, Value};
+use serde_json::json;
 use serve_support::process::{eventually_async, ssd_args, Server};
-use serve_support::{call, get, log_lines, post_json};
+use serve_support::{answer, cached_tokens, call, chat, get, log_lines, post_json, with_session};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -57,34 +57,6 @@ fn system() -> String {
         .map(|i| format!("Rule {i}: answer tool call {i} with the file it names."))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn chat(messages: &[(&str, &str)], max_tokens: u32) -> Value {
-    let messages: Vec<Value> = messages
-        .iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect();
-    json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0})
-}
-
-fn with_session(body: &Value, session: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
-    let mut r = post_json(CHAT, body);
-    r.headers_mut()
-        .insert("x-session-id", session.parse().unwrap());
-    r
-}
-
-fn answer(v: &Value) -> String {
-    v["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no answer in {v}"))
-        .to_owned()
-}
-
-fn cached(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0)
 }
 
 /// Logged, a bank of one entry over an SSD tier at `ssd` written at every commit.
@@ -166,7 +138,7 @@ async fn a_returning_hybrid_conversation_is_restored_from_its_own_state_on_the_s
     assert_eq!(last["session_restore_mode"], "ssd_clone", "{last}");
     assert_eq!(last["cache_source"], "ssd", "{last}");
     assert_eq!(
-        cached(&back.json()),
+        cached_tokens(&back.json()),
         prompt1,
         "restored at its own prompt's end, not at the shared system prompt: {last}"
     );
@@ -179,7 +151,7 @@ async fn a_returning_hybrid_conversation_is_restored_from_its_own_state_on_the_s
 
     // The same turn computed cold: the same answer, byte for byte.
     let cold = call(&state_with(Settings::default()), post_json(CHAT, &turn2)).await;
-    assert_eq!(cached(&cold.json()), 0);
+    assert_eq!(cached_tokens(&cold.json()), 0);
     assert_eq!(
         answer(&back.json()),
         answer(&cold.json()),
@@ -208,7 +180,7 @@ async fn a_hybrid_state_below_the_floor_is_refused_from_the_manifest() {
     );
     let reply = call(&state, with_session(&back, "s1")).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
-    assert_eq!(cached(&reply.json()), 0);
+    assert_eq!(cached_tokens(&reply.json()), 0);
     let lines = log_lines(&dir.path().join("log.jsonl"));
     let last = lines.last().unwrap();
     assert_eq!(last["session_restore_mode"], "cold", "{last}");
@@ -261,7 +233,7 @@ async fn a_follow_up_turn_continues_from_the_recurrent_state_in_ram() {
     let two = call(&state, with_session(&turn2, "f")).await;
     assert_eq!(two.status, 200, "{}", two.text());
     assert_eq!(
-        cached(&two.json()),
+        cached_tokens(&two.json()),
         prompt1,
         "restored at the first turn's end"
     );
@@ -341,7 +313,7 @@ async fn a_hybrid_conversation_spilled_by_a_killed_server_process_is_restored_by
     );
     let back = two.chat(&turn2, "p1").await;
     assert_eq!(back.status, 200, "{}", back.text());
-    assert_eq!(cached(&back.json()), prompt1, "{}", back.text());
+    assert_eq!(cached_tokens(&back.json()), prompt1, "{}", back.text());
     let line = {
         let mut lines = Vec::new();
         eventually_async("the request log line", || {

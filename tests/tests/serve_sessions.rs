@@ -11,24 +11,9 @@ use std::path::Path;
 use mtplx_serve::cache::SsdMode;
 use mtplx_serve::Settings;
 use serde_json::{json, Value};
-use serve_support::{call, log_lines, post_json, settings, state_with};
+use serve_support::{answer, call, chat, log_lines, post_json, settings, state_with, with_session};
 
 const CHAT: &str = "/v1/chat/completions";
-
-fn turn(messages: &[(&str, &str)], max_tokens: u32) -> Value {
-    let messages: Vec<Value> = messages
-        .iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect();
-    json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0})
-}
-
-fn with_session(body: &Value, session: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
-    let mut r = post_json(CHAT, body);
-    r.headers_mut()
-        .insert("x-mtplx-session-id", session.parse().unwrap());
-    r
-}
 
 /// Stops a server: its engine thread and SSD store go with the last handle. The store's
 /// directory lock is the last thing released (after the writer drains), so that is what a
@@ -41,17 +26,10 @@ async fn stop(state: mtplx_serve::AppState, ssd: &Path) {
     .await;
 }
 
-fn answer(v: &Value) -> String {
-    v["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
 const SYSTEM: &str = "You are a terse assistant. Answer in one short sentence.";
 
 fn first_turn() -> Value {
-    turn(
+    chat(
         &[
             ("system", SYSTEM),
             ("user", "Name a large animal that lives in the sea."),
@@ -61,7 +39,7 @@ fn first_turn() -> Value {
 }
 
 fn second_turn(first_answer: &str) -> Value {
-    turn(
+    chat(
         &[
             ("system", SYSTEM),
             ("user", "Name a large animal that lives in the sea."),
@@ -164,7 +142,7 @@ async fn an_evicted_conversation_comes_back_from_the_ssd_after_a_restart() {
     let state = state_with(s.clone());
     let one = call(&state, with_session(&first_turn(), "conv-1")).await;
     let first = answer(&one.json());
-    let other = turn(&[("user", "Count from one to five.")], 8);
+    let other = chat(&[("user", "Count from one to five.")], 8);
     assert_eq!(
         call(&state, with_session(&other, "conv-2")).await.status,
         200
@@ -217,7 +195,7 @@ async fn a_request_that_cannot_fit_gets_507_and_the_bank_keeps_its_entries() {
     let entries = state.tier().bank().stats().entries;
     assert_eq!(entries, 1);
 
-    let mut big = turn(&[("user", "Write a long story.")], 1000);
+    let mut big = chat(&[("user", "Write a long story.")], 1000);
     big["max_tokens"] = json!(1000);
     let refused = call(&state, with_session(&big, "big")).await;
     assert_eq!(refused.status, 507, "{}", refused.text());
@@ -306,7 +284,7 @@ async fn a_seeded_answer_restored_from_the_ssd_after_a_restart_is_the_cold_one()
     let one = call(&state, with_session(&seeded(first_turn(), "mtp"), "s-1")).await;
     assert_eq!(one.status, 200, "{}", one.text());
     let first = answer(&one.json());
-    let other = turn(&[("user", "Count from one to five.")], 8);
+    let other = chat(&[("user", "Count from one to five.")], 8);
     assert_eq!(call(&state, with_session(&other, "s-2")).await.status, 200);
     let done = state.tier().bank().wait_for_spills();
     assert!(done.written >= 1 && done.failed == 0, "{done:?}");

@@ -86,6 +86,23 @@ impl ModelConfig {
         }
     }
 
+    /// What callers of a model of this config need to know of it.
+    pub fn dims(&self) -> crate::Dims {
+        crate::Dims {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            context_length: self.context_length,
+        }
+    }
+
+    /// The geometry part of the reuse key (`LanguageModel::geometry`).
+    pub fn geometry(&self) -> String {
+        format!(
+            "layers={} hidden={} vocab={}",
+            self.num_layers, self.hidden_size, self.vocab_size
+        )
+    }
+
     /// Peak activation bytes of a prefill pass of `chunk_tokens` rows: per row the
     /// residual, norm, q/k/v/o, gate/up/act (`f32`), plus the last row's logits.
     pub fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64 {

@@ -408,11 +408,10 @@ fn check_shape(path: &Path, name: &str, got: &[usize], expected: &[usize]) -> Re
 
 impl LanguageModel for Model {
     fn dims(&self) -> Dims {
-        let c = &self.config;
+        let dims = self.config.dims();
         Dims {
-            vocab_size: c.vocab_size,
-            hidden_size: c.hidden_size,
-            context_length: c.context_length.min(self.rope.max_positions()),
+            context_length: dims.context_length.min(self.rope.max_positions()),
+            ..dims
         }
     }
 
@@ -421,11 +420,7 @@ impl LanguageModel for Model {
     }
 
     fn geometry(&self) -> String {
-        let c = &self.config;
-        format!(
-            "layers={} hidden={} vocab={}",
-            c.num_layers, c.hidden_size, c.vocab_size
-        )
+        self.config.geometry()
     }
 
     fn numerics(&self) -> String {

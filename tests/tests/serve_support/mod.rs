@@ -135,6 +135,38 @@ pub async fn call(state: &AppState, req: Request<Full<Bytes>>) -> Reply {
     }
 }
 
+/// A greedy chat request for `messages` (role, content).
+pub fn chat(messages: &[(&str, &str)], max_tokens: u32) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+        .collect();
+    serde_json::json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0})
+}
+
+/// A chat completion request naming `session` in the `x-mtplx-session-id` header.
+pub fn with_session(body: &Value, session: &str) -> Request<Full<Bytes>> {
+    let mut r = post_json("/v1/chat/completions", body);
+    r.headers_mut()
+        .insert("x-mtplx-session-id", session.parse().unwrap());
+    r
+}
+
+/// The first choice's message text of a chat completion.
+pub fn answer(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no answer in {v}"))
+        .to_owned()
+}
+
+/// Prompt tokens a response says were restored, not computed.
+pub fn cached_tokens(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
 /// A greedy chat request for one user message.
 pub fn greedy_chat(content: &str, max_tokens: u32) -> Value {
     serde_json::json!({

@@ -190,12 +190,7 @@ impl CudaModel {
 
 impl LanguageModel for CudaModel {
     fn dims(&self) -> Dims {
-        let c = &self.config;
-        Dims {
-            vocab_size: c.vocab_size,
-            hidden_size: c.hidden_size,
-            context_length: c.context_length,
-        }
+        self.config.dims()
     }
 
     fn state_shape(&self) -> StateShape {
@@ -203,11 +198,7 @@ impl LanguageModel for CudaModel {
     }
 
     fn geometry(&self) -> String {
-        let c = &self.config;
-        format!(
-            "layers={} hidden={} vocab={}",
-            c.num_layers, c.hidden_size, c.vocab_size
-        )
+        self.config.geometry()
     }
 
     fn numerics(&self) -> String {

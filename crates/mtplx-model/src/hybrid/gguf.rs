@@ -39,7 +39,7 @@ use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::hybrid::config::{HybridConfig, LayerKind};
-use crate::hybrid::hf::{permute, RowMaps};
+use crate::hybrid::hf::{permute, tensor, RowMaps};
 use crate::hybrid::weights::{
     AttentionWeights, GdnWeights, HybridWeights, LayerWeights, MixerWeights, MlpWeights,
 };
@@ -349,25 +349,6 @@ fn a_log_of(rate: f32) -> f32 {
         }
     }
     best
-}
-
-/// One tensor of the file, checked against its expected (PyTorch-order) shape.
-fn tensor(src: &mut GgufSource, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-    let path = src.path().to_path_buf();
-    let raw = src.get(name)?.ok_or_else(|| ModelError::MissingTensor {
-        path: path.clone(),
-        tensor: name.to_string(),
-    })?;
-    let dims = raw.dims();
-    if dims != shape {
-        return Err(ModelError::TensorShape {
-            path,
-            tensor: name.to_string(),
-            got: dims,
-            expected: shape.to_vec(),
-        });
-    }
-    raw.to_vec()
 }
 
 fn weights(src: &mut GgufSource, c: &HybridConfig, arch: Arch) -> Result<HybridWeights> {

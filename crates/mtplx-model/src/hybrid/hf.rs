@@ -281,8 +281,9 @@ fn shift(w: &[f32], by: f32) -> Vec<f32> {
     w.iter().map(|x| x + by).collect()
 }
 
-/// One tensor of the folder, checked against its expected shape.
-fn tensor(src: &mut HfSource, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+/// One tensor of a checkpoint (a folder or a GGUF file), checked against its expected
+/// (PyTorch-order) shape: missing or misshapen is an error that names it.
+pub(crate) fn tensor(src: &mut dyn WeightSource, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     let path = src.path().to_path_buf();
     let raw = src.get(name)?.ok_or_else(|| ModelError::MissingTensor {
         path: path.clone(),
