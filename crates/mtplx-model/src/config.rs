@@ -56,6 +56,16 @@ pub enum RopeStyle {
     Half,
 }
 
+/// What every caller of a model needs to know of it, whatever its family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dims {
+    pub vocab_size: usize,
+    /// Width of a hidden row ([`crate::ForwardOutput::hidden`], [`crate::LanguageModel::embed`]).
+    pub hidden_size: usize,
+    /// Most positions a sequence may hold.
+    pub context_length: usize,
+}
+
 /// Everything the graph needs to know about a model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -87,8 +97,8 @@ impl ModelConfig {
     }
 
     /// What callers of a model of this config need to know of it.
-    pub fn dims(&self) -> crate::Dims {
-        crate::Dims {
+    pub fn dims(&self) -> Dims {
+        Dims {
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
             context_length: self.context_length,

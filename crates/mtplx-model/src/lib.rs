@@ -41,8 +41,8 @@ pub mod tokenizer;
 mod weights;
 
 pub use bundle::{model_id, Bundle, ReuseKey};
-pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use config::{Architecture, Dims, ModelConfig, RopeStyle};
 pub use error::{BackendError, ModelError, Result};
 pub use generate::{generate_greedy, prefill, FinishReason, Generator};
-pub use model::{Dims, ForwardOutput, LanguageModel, Model, Want};
+pub use model::{ForwardOutput, LanguageModel, Model, Want};
 pub use weights::{Linear, RawWeight, WeightFormat};

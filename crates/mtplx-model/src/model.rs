@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Device, Tensor};
 use mtplx_kv::{CacheFactory, Sequence, StateShape};
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::{Architecture, Dims, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kernels::QuantMatrix;
 use crate::ops::{self, Rope};
@@ -50,16 +50,6 @@ impl ForwardOutput {
     pub fn last_logits(&self) -> &[f32] {
         self.logits_row(self.rows.saturating_sub(1))
     }
-}
-
-/// What every caller of a model needs to know of it, whatever its family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Dims {
-    pub vocab_size: usize,
-    /// Width of a hidden row ([`ForwardOutput::hidden`], [`LanguageModel::embed`]).
-    pub hidden_size: usize,
-    /// Most positions a sequence may hold.
-    pub context_length: usize,
 }
 
 /// The seam the rest of mtplx uses: a causal language model that runs on a [`Sequence`]

@@ -9,9 +9,10 @@ use super::cache::{CudaCaches, CudaKvCache};
 use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
 use super::pass::{fit, launch_layer, run_pass, Layer, Scratch};
 
+use crate::config::Dims;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::model::{Dims, Embedding, ForwardOutput, LanguageModel, Model, Want};
+use crate::model::{Embedding, ForwardOutput, LanguageModel, Model, Want};
 
 /// A model on a CUDA device.
 ///

@@ -1,12 +1,13 @@
 //! The hybrid decoder: embedding, layers of gated delta nets and gated attention (each
 //! followed by a SwiGLU MLP), final norm, output head.
 
+use crate::config::Dims;
 use crate::error::{ModelError, Result};
 use crate::hybrid::attention::GatedAttention;
 use crate::hybrid::config::HybridConfig;
 use crate::hybrid::gdn::GatedDeltaNet;
 use crate::hybrid::weights::{HybridWeights, MixerWeights, MlpWeights};
-use crate::model::{Dims, ForwardOutput, LanguageModel, Want};
+use crate::model::{ForwardOutput, LanguageModel, Want};
 use crate::ops::{self, Rope};
 use crate::weights::{Linear, WeightFormat};
 use crate::RopeStyle;
