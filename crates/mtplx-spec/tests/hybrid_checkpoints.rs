@@ -2,7 +2,8 @@
 //! driven cold keeps at most `MAX_CHECKPOINTS` (at chunk ends and on the tail grid, thinned
 //! by distance from the tail), and restoring at every one of them (its K/V trimmed there
 //! into a new sequence of another layout, its recurrent state installed) then driving the
-//! same prompt gives the cold run's greedy tokens.
+//! same prompt gives the cold run's greedy tokens, and prefilling the rest of the prompt gives
+//! the cold prefill's last logits bit for bit.
 
 use mtplx_kv::{CacheFactory, Sequence, MAX_CHECKPOINTS};
 use mtplx_model::hybrid::{HybridConfig, HybridModel, HybridWeights};
@@ -59,14 +60,27 @@ fn every_kept_checkpoint_restores_to_the_cold_tokens() {
 
     let snapshot = cold.kv().snapshot();
     let shape = model.state_shape();
+    let mut whole = model.new_sequence(&CacheFactory::contiguous());
+    let cold_logits = mtplx_model::prefill(&model, &prompt, &mut whole, 300).unwrap();
     for cp in cold.checkpoints().unwrap() {
         if cp.position >= prompt.len() {
             continue;
         }
-        let kv = CacheFactory::paged()
-            .restore(&*snapshot, cp.position)
-            .unwrap();
-        let mut seq = Sequence::from_parts(&shape, kv, Some(cp.state.to_state())).unwrap();
+        let restore = || {
+            let kv = CacheFactory::paged()
+                .restore(&*snapshot, cp.position)
+                .unwrap();
+            Sequence::from_parts(&shape, kv, Some(cp.state.to_state())).unwrap()
+        };
+        let mut rest = restore();
+        let out = mtplx_model::prefill(&model, &prompt[cp.position..], &mut rest, 300).unwrap();
+        assert_eq!(
+            out.last_logits(),
+            cold_logits.last_logits(),
+            "logits after restoring at {}",
+            cp.position
+        );
+        let mut seq = restore();
         let mut got = Collect::default();
         let report = drive(&model, &mut seq, &request, Decode::Plain, &mut got).unwrap();
         assert_eq!(report.cached_tokens, cp.position);
