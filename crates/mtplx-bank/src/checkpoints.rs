@@ -26,13 +26,8 @@ pub fn inherit(own: Vec<Checkpoint>, parent: Option<&[Checkpoint]>) -> Vec<Check
         );
         all.sort_by_key(|c| c.position);
     }
-    let positions: Vec<usize> = all.iter().map(|c| c.position).collect();
-    let keep = thin(&positions, MAX_CHECKPOINTS);
-    all.into_iter()
-        .enumerate()
-        .filter(|(i, _)| keep.binary_search(i).is_ok())
-        .map(|(_, c)| c)
-        .collect()
+    mtplx_kv::retain_thinned(&mut all, MAX_CHECKPOINTS);
+    all
 }
 
 #[cfg(test)]

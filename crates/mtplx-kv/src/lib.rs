@@ -77,7 +77,8 @@ pub use paged::{BlockPool, Paged, PoolStats};
 pub use recurrent::{RecurrentLayerShape, RecurrentSnapshot, RecurrentState};
 pub use segmented::Segmented;
 pub use sequence::{
-    thin as thin_checkpoints, Checkpoint, CheckpointPolicy, Sequence, StateShape, MAX_CHECKPOINTS,
+    retain_thinned, thin as thin_checkpoints, Checkpoint, CheckpointPolicy, Sequence, StateShape,
+    MAX_CHECKPOINTS,
 };
 pub use shape::{KvShape, LayoutKind};
 pub use share::ShareTarget;

@@ -14,10 +14,10 @@ pub struct RecurrentLayerShape {
 }
 
 impl RecurrentLayerShape {
-    fn conv_len(&self) -> usize {
+    pub(crate) fn conv_len(&self) -> usize {
         self.conv.iter().product()
     }
-    fn ssm_len(&self) -> usize {
+    pub(crate) fn ssm_len(&self) -> usize {
         self.ssm.iter().product()
     }
 }

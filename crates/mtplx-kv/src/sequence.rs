@@ -39,7 +39,7 @@ impl StateShape {
         let floats: usize = self
             .recurrent
             .iter()
-            .map(|l| l.conv.iter().product::<usize>() + l.ssm.iter().product::<usize>())
+            .map(|l| l.conv_len() + l.ssm_len())
             .sum();
         floats * std::mem::size_of::<f32>()
     }
@@ -169,16 +169,14 @@ impl Sequence {
         self.len() == 0
     }
 
-    /// The shape of this sequence's state.
-    pub fn shape(&self) -> StateShape {
-        StateShape {
-            kv: self.kv.shape(),
-            recurrent: self.recurrent.as_ref().map_or_else(Vec::new, |r| {
-                (0..r.layers())
-                    .filter_map(|l| r.layer_shape(l).ok().cloned())
-                    .collect()
-            }),
-        }
+    /// Whether this sequence holds state of `shape` (what a model checks before it runs on
+    /// it), without building the sequence's own shape.
+    pub fn fits(&self, shape: &StateShape) -> bool {
+        self.kv.shape() == shape.kv
+            && match &self.recurrent {
+                None => shape.recurrent.is_empty(),
+                Some(r) => same_layers(r, &shape.recurrent),
+            }
     }
 
     pub fn kv(&self) -> &dyn KvCache {
@@ -233,14 +231,7 @@ impl Sequence {
     /// Keeps at most `max` checkpoints: the newest, the oldest, then one per doubling of the
     /// distance from the newest ([`thin`]).
     pub fn thin(&mut self, max: usize) {
-        let positions: Vec<usize> = self.checkpoints.iter().map(|c| c.position).collect();
-        let keep = thin(&positions, max);
-        let mut i = 0;
-        self.checkpoints.retain(|_| {
-            let kept = keep.binary_search(&i).is_ok();
-            i += 1;
-            kept
-        });
+        retain_thinned(&mut self.checkpoints, max);
     }
 
     /// Rewinds to at most `len` tokens and returns the length reached: `len` itself when
@@ -343,6 +334,18 @@ fn same_layers(r: &RecurrentState, shapes: &[RecurrentLayerShape]) -> bool {
             .iter()
             .enumerate()
             .all(|(l, s)| r.layer_shape(l).ok() == Some(s))
+}
+
+/// Keeps of the ascending `checkpoints` the at most `max` that [`thin`] picks.
+pub fn retain_thinned(checkpoints: &mut Vec<Checkpoint>, max: usize) {
+    let positions: Vec<usize> = checkpoints.iter().map(|c| c.position).collect();
+    let keep = thin(&positions, max);
+    let mut i = 0;
+    checkpoints.retain(|_| {
+        let kept = keep.binary_search(&i).is_ok();
+        i += 1;
+        kept
+    });
 }
 
 /// Which of the ascending `positions` to keep, at most `max` of them: the newest and the

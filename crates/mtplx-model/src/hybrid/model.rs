@@ -34,6 +34,8 @@ struct Layer {
 /// tokens into, through the same [`LanguageModel`] seam as the dense models.
 pub struct HybridModel {
     config: HybridConfig,
+    /// `config.state_shape()`, kept: every forward pass checks the sequence against it.
+    state: StateShape,
     embed: Vec<f32>,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
@@ -85,6 +87,7 @@ impl HybridModel {
                 c.context_length,
                 RopeStyle::Half,
             ),
+            state: config.state_shape(),
             config,
         })
     }
@@ -126,7 +129,7 @@ impl HybridModel {
                 vocab: c.vocab_size,
             });
         }
-        if seq.shape() != self.state_shape() {
+        if !seq.fits(&self.state) {
             return Err(ModelError::Hybrid {
                 reason: "the sequence was built for another model".into(),
             });
@@ -211,7 +214,7 @@ impl LanguageModel for HybridModel {
     }
 
     fn state_shape(&self) -> StateShape {
-        self.config.state_shape()
+        self.state.clone()
     }
 
     /// Runs `tokens` at positions `seq.len()..`, folding them into the sequence. When the
