@@ -25,7 +25,7 @@ use mtplx_model::{Bundle, WeightFormat};
 use mtplx_serve::cache::SsdMode;
 use mtplx_serve::{AppState, Settings};
 use serde_json::json;
-use serve_support::process::{eventually_async, ssd_args, Server};
+use serve_support::process::{newest_log_line, ssd_args, Server};
 use serve_support::{answer, cached_tokens, call, chat, get, log_lines, post_json, with_session};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -292,13 +292,7 @@ async fn a_hybrid_conversation_spilled_by_a_killed_server_process_is_restored_by
     let prompt1 = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     one.chat(&chat(&[("user", "Count from one to five.")], 1), "p2")
         .await;
-    eventually_async("the first conversation's spill to be committed", || async {
-        one.ssd_entries().await >= 1
-    })
-    .await;
-    let mut one = one;
-    one.child.kill().expect("SIGKILL the first server");
-    one.child.wait().unwrap();
+    one.kill_once_spilled().await;
 
     let log = dir.path().join("two.jsonl");
     let two = start("two", &log);
@@ -314,15 +308,7 @@ async fn a_hybrid_conversation_spilled_by_a_killed_server_process_is_restored_by
     let back = two.chat(&turn2, "p1").await;
     assert_eq!(back.status, 200, "{}", back.text());
     assert_eq!(cached_tokens(&back.json()), prompt1, "{}", back.text());
-    let line = {
-        let mut lines = Vec::new();
-        eventually_async("the request log line", || {
-            lines = log_lines(&log);
-            std::future::ready(!lines.is_empty())
-        })
-        .await;
-        lines.pop().unwrap()
-    };
+    let line = newest_log_line(&log).await;
     assert_eq!(line["session_restore_mode"], "ssd_clone", "{line}");
     let cold = call(&state_with(Settings::default()), post_json(CHAT, &turn2)).await;
     assert_eq!(

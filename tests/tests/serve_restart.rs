@@ -8,8 +8,8 @@ use std::path::Path;
 
 use mtplx_serve::cache::SsdMode;
 use serde_json::{json, Value};
-use serve_support::process::{eventually_async, ssd_args, Server};
-use serve_support::{call, log_lines, post_json, settings, state_with};
+use serve_support::process::{newest_log_line, ssd_args, Server};
+use serve_support::{answer, call, post_json, settings, state_with};
 
 const CHAT: &str = "/v1/chat/completions";
 const SYSTEM: &str = "You are a terse assistant. Answer in one short sentence.";
@@ -30,13 +30,6 @@ fn second_turn(first_answer: &str) -> Value {
         ("assistant", first_answer),
         ("user", "And one that lives in the desert?"),
     ])
-}
-
-fn answer(v: &Value) -> String {
-    v["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no answer in {v}"))
-        .to_owned()
 }
 
 /// A server over `ssd` with a bank of one entry (a second conversation spills the first).
@@ -67,13 +60,7 @@ async fn a_conversation_spilled_by_a_killed_server_is_restored_by_the_next() {
     let first = answer(&first.json());
     one.chat(&turn(&[("user", "Count from one to five.")]), "conv-2")
         .await;
-    eventually_async("the first conversation's spill to be committed", || async {
-        one.ssd_entries().await >= 1
-    })
-    .await;
-    let mut one = one;
-    one.child.kill().expect("SIGKILL the first server");
-    one.child.wait().unwrap();
+    one.kill_once_spilled().await;
 
     // Process 2 over the same directory: the returning turn is restored from the SSD.
     let log = dir.path().join("two.jsonl");
@@ -88,15 +75,7 @@ async fn a_conversation_spilled_by_a_killed_server_is_restored_by_the_next() {
         "nothing restored from the SSD: {}",
         back.text()
     );
-    let line = {
-        let mut lines = Vec::new();
-        eventually_async("the request log line", || {
-            lines = log_lines(&log);
-            std::future::ready(!lines.is_empty())
-        })
-        .await;
-        lines.pop().unwrap()
-    };
+    let line = newest_log_line(&log).await;
     assert_eq!(line["session_restore_mode"], "ssd_clone", "{line}");
     assert_eq!(line["cache_source"], "ssd", "{line}");
     assert_eq!(line["ssd_cached_tokens"].as_u64(), Some(cached), "{line}");

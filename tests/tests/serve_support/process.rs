@@ -234,6 +234,30 @@ fn has_content(raw: &[u8]) -> bool {
     })
 }
 
+impl Server {
+    /// Waits until the server has committed a spill to its SSD tier, then kills it with
+    /// SIGKILL (no shutdown path runs).
+    pub async fn kill_once_spilled(mut self) {
+        eventually_async("a spill to be committed", || async {
+            self.ssd_entries().await >= 1
+        })
+        .await;
+        self.child.kill().expect("SIGKILL the server");
+        self.child.wait().unwrap();
+    }
+}
+
+/// The newest line of the request log at `log`, once it has one.
+pub async fn newest_log_line(log: &Path) -> Value {
+    let mut lines = Vec::new();
+    eventually_async("the request log line", || {
+        lines = super::log_lines(log);
+        std::future::ready(!lines.is_empty())
+    })
+    .await;
+    lines.pop().unwrap()
+}
+
 /// Waits until `cond` holds; fails after [`PATIENCE`].
 pub async fn eventually_async<F: std::future::Future<Output = bool>>(
     what: &str,
