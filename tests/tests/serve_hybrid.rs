@@ -14,6 +14,8 @@
 //!   SIGKILL once its spill is on disk.
 //! - A follow-up turn from RAM restores the recurrent state at the previous turn's end, and
 //!   `/admin/sessions` and `/metrics` report checkpoint bytes.
+//! - The checkpoint's own MTP head (`mtp.*`) drafts in `mtp` mode without being named, and
+//!   changes no token, greedy or seeded; `--mtp-head none` leaves prompt lookup alone.
 
 mod serve_support;
 
@@ -361,4 +363,62 @@ async fn every_endpoint_serves_the_hybrid_model() {
             events.text()
         );
     }
+}
+
+/// The checkpoint's MTP head drafts through the server by default (no `--mtp-head`), and
+/// the answer is the plain decoding's, greedy and seeded.
+#[tokio::test]
+async fn the_checkpoints_own_mtp_head_drafts_and_changes_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.jsonl");
+    let settings = Settings {
+        request_log: Some(log.clone()),
+        ..Settings::default()
+    };
+    assert_eq!(
+        settings.speculation.head,
+        mtplx_serve::HeadSource::Checkpoint
+    );
+    let state = state_with(settings);
+    let request = |mode: &str, temperature: f64| {
+        json!({
+            "messages": [{"role": "user", "content": "Explain what a compiler does."}],
+            "max_tokens": 24,
+            "temperature": temperature,
+            "seed": 11,
+            "generation_mode": mode,
+        })
+    };
+    for temperature in [0.0, 0.8] {
+        let plain = call(&state, post_json(CHAT, &request("ar", temperature))).await;
+        let spec = call(&state, post_json(CHAT, &request("mtp", temperature))).await;
+        assert_eq!(spec.status, 200, "{}", spec.text());
+        assert_eq!(
+            answer(&spec.json()),
+            answer(&plain.json()),
+            "T={temperature}"
+        );
+    }
+    let lines = log_lines(&log);
+    let greedy = &lines[1];
+    assert_eq!(greedy["proposer"], "lookup+mtp", "{greedy}");
+    let drafted: u64 = greedy["drafted_by_depth"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap())
+        .sum();
+    assert!(drafted > 0, "nothing drafted: {greedy}");
+
+    // `--mtp-head none`: prompt lookup alone.
+    let mut off = Settings {
+        request_log: Some(dir.path().join("off.jsonl")),
+        ..Settings::default()
+    };
+    off.speculation.head = mtplx_serve::HeadSource::Off;
+    let state = state_with(off);
+    let spec = call(&state, post_json(CHAT, &request("mtp", 0.0))).await;
+    assert_eq!(spec.status, 200, "{}", spec.text());
+    let lines = log_lines(&dir.path().join("off.jsonl"));
+    assert_eq!(lines[0]["proposer"], "lookup", "{}", lines[0]);
 }

@@ -103,7 +103,8 @@ async fn the_mtp_head_drafts_through_the_server_and_changes_no_token() {
         request_log: Some(log.clone()),
         ..settings()
     };
-    s.speculation.head = Some(mtplx_serve::config::SHIPPED_MTP_HEAD.into());
+    s.speculation.head =
+        mtplx_serve::HeadSource::File(mtplx_serve::config::SHIPPED_MTP_HEAD.into());
     let state = state_with(s);
     let text = |v: &Value| {
         v["choices"][0]["message"]["content"]

@@ -1,11 +1,13 @@
 //! A model with everything needed to serve it: weights, tokenizer, chat template, identity.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::chat::{ChatMessage, ChatRequest, ChatTemplate, Role};
 use crate::error::{ModelError, Result};
 use crate::hybrid::{self, HybridModel};
 use crate::model::{LanguageModel, Model};
+use crate::mtp::MtpRunner;
 use crate::source::{GgufSource, HfSource};
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightFormat;
@@ -21,6 +23,9 @@ pub struct Bundle {
     pub tokenizer: Tokenizer,
     /// The model's own chat template, when it has one.
     pub template: Option<ChatTemplate>,
+    /// The MTP head the checkpoint itself carries (a hybrid checkpoint's `mtp.*`); a dense
+    /// model's head is a file of its own ([`crate::mtp::MtpHead::load`]).
+    pub mtp_head: Option<Arc<dyn MtpRunner>>,
 }
 
 impl Bundle {
@@ -30,6 +35,11 @@ impl Bundle {
     /// tokenizer and chat template. A hybrid model always runs on mtplx's kernels
     /// ([`WeightFormat::Native`]); another `format` is refused for it.
     pub fn load(path: &Path, format: WeightFormat) -> Result<Self> {
+        let mut mtp_head = None;
+        let mut hybrid = |model: HybridModel| -> Box<dyn LanguageModel> {
+            mtp_head = model.mtp_head().map(|h| h as Arc<dyn MtpRunner>);
+            Box::new(model)
+        };
         let (model, tokenizer): (Box<dyn LanguageModel>, _) = if path.is_dir() {
             let cfg = path.join("tokenizer_config.json");
             let tokenizer = Tokenizer::from_file(
@@ -38,7 +48,7 @@ impl Bundle {
             )?;
             if is_hybrid_folder(path)? {
                 native_only(path, format)?;
-                (Box::new(HybridModel::load(path)?), tokenizer)
+                (hybrid(HybridModel::load(path)?), tokenizer)
             } else {
                 let mut src = HfSource::open(path)?;
                 let config = src.config()?;
@@ -53,7 +63,7 @@ impl Bundle {
             if hybrid::gguf::architecture(src.content()).is_some() {
                 native_only(path, format)?;
                 let (config, weights) = hybrid::gguf::read(&mut src)?;
-                (Box::new(HybridModel::new(config, &weights)?), tokenizer)
+                (hybrid(HybridModel::new(config, &weights)?), tokenizer)
             } else {
                 let config = src.config()?;
                 let model = Model::from_source(&mut src, config, format)?;
@@ -84,6 +94,7 @@ impl Bundle {
             model,
             tokenizer,
             template,
+            mtp_head,
         })
     }
 }

@@ -142,10 +142,15 @@ pub trait MtpRunner: Send + Sync {
     fn max_positions(&self) -> usize;
     /// Token id of output row `i`.
     fn token_of(&self, i: usize) -> u32;
+    /// Turns the trunk's hidden rows (`[n, H]`, as [`crate::ForwardOutput::hidden`] gives
+    /// them: the last layer's output before the final norm) into the rows
+    /// [`MtpRunner::last_row`] reads. The heads mtplx trains read them as they are (the
+    /// default); a Qwen3-Next checkpoint's head reads them after the trunk's final norm.
+    fn prepare_trunk_rows(&self, _hidden: &mut [f32]) {}
     /// Runs the head's layer over `n` rows (as [`MtpHead::forward`]), appending their K/V
-    /// to `cache`, and returns the last row's output (`[H]`, before `mtp.norm`) and its
-    /// scores (see [`MtpRunner::token_of`]): what the next draft token is picked from and
-    /// the one after it continues from.
+    /// to `cache`, and returns the row the next step continues from (`[H]`: for
+    /// [`MtpHead`], the last row's output before `mtp.norm`) and the last row's scores (see
+    /// [`MtpRunner::token_of`]), what the next draft token is picked from.
     fn last_row(
         &self,
         trunk: &dyn LanguageModel,

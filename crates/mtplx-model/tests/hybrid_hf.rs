@@ -147,6 +147,64 @@ fn a_missing_or_misshapen_tensor_is_named() {
 }
 
 #[test]
+fn the_mtp_head_loads_under_the_published_names_and_only_when_present() {
+    let config = HybridConfig::tiny();
+    let (dir, weights) = saved(&config, 7);
+    let names: Vec<String> = hf::tensors(&config, &weights)
+        .into_iter()
+        .map(|(n, ..)| n)
+        .filter(|n| n.starts_with("mtp."))
+        .collect();
+    for name in [
+        "mtp.fc.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.norm.weight",
+        "mtp.layers.0.input_layernorm.weight",
+        "mtp.layers.0.self_attn.q_proj.weight",
+        "mtp.layers.0.self_attn.q_norm.weight",
+        "mtp.layers.0.post_attention_layernorm.weight",
+        "mtp.layers.0.mlp.down_proj.weight",
+    ] {
+        assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+    }
+    assert!(HybridModel::load(dir.path()).unwrap().mtp_head().is_some());
+
+    // A head tensor missing or misshapen is named, like the trunk's.
+    let name = "mtp.layers.0.self_attn.k_proj.weight";
+    rewrite_tensors(dir.path(), &config, &weights, name, None);
+    match HybridModel::load(dir.path()) {
+        Err(ModelError::MissingTensor { tensor, .. }) => assert_eq!(tensor, name),
+        other => panic!("expected a missing tensor, got {:?}", other.err()),
+    }
+    let name = "mtp.fc.weight";
+    let h = config.hidden_size;
+    rewrite_tensors(dir.path(), &config, &weights, name, Some(vec![2 * h, h]));
+    match HybridModel::load(dir.path()) {
+        Err(ModelError::TensorShape { tensor, .. }) => assert_eq!(tensor, name),
+        other => panic!("expected a shape error, got {:?}", other.err()),
+    }
+
+    // Without `mtp.*` the trunk loads alone, with the same logits.
+    let trunk = HybridWeights {
+        mtp: None,
+        ..weights.clone()
+    };
+    hf::save(dir.path(), &config, &trunk).unwrap();
+    let alone = HybridModel::load(dir.path()).unwrap();
+    assert!(alone.mtp_head().is_none());
+    let ids: Vec<u32> = (0..30).map(|i| (i * 17 + 3) % 256).collect();
+    assert_eq!(
+        logits(&alone, &config, &ids),
+        logits(
+            &HybridModel::new(config.clone(), &weights).unwrap(),
+            &config,
+            &ids
+        )
+    );
+}
+
+#[test]
 fn a_truncated_file_is_an_error_not_a_panic() {
     let config = HybridConfig::tiny();
     let (dir, _) = saved(&config, 4);

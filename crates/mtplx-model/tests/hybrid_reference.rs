@@ -78,6 +78,8 @@ struct Reference<'a> {
     variant: Variant,
     layers: Vec<LayerState>,
     pos: usize,
+    /// The last layer's output for the newest token (before the final norm).
+    hidden: Vec<f64>,
 }
 
 impl<'a> Reference<'a> {
@@ -105,6 +107,7 @@ impl<'a> Reference<'a> {
             variant,
             layers,
             pos: 0,
+            hidden: Vec::new(),
         }
     }
 
@@ -143,7 +146,88 @@ impl<'a> Reference<'a> {
             }
         }
         self.pos += 1;
-        matvec(&w.lm_head, c.vocab_size, &rms_norm(&x, &w.final_norm, eps))
+        let logits = matvec(&w.lm_head, c.vocab_size, &rms_norm(&x, &w.final_norm, eps));
+        self.hidden = x;
+        logits
+    }
+}
+
+/// How the reference MTP head reads its inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MtpVariant {
+    /// vLLM's `Qwen3NextMultiTokenPredictor`: the trunk's hidden state after its final
+    /// norm, `fc` over `[embedding ⊕ hidden]`.
+    Exact,
+    /// The trunk's hidden state before its final norm.
+    PreNormHidden,
+    /// `fc` over `[hidden ⊕ embedding]`.
+    HiddenFirst,
+}
+
+/// The MTP head as vLLM runs it, in float64: one row per call, its own K/V.
+struct ReferenceMtp<'a> {
+    c: &'a HybridConfig,
+    w: &'a HybridWeights,
+    variant: MtpVariant,
+    keys: Vec<Vec<f64>>,
+    values: Vec<Vec<f64>>,
+}
+
+impl ReferenceMtp<'_> {
+    /// Logits for the row at `pos` reading `hidden` (the trunk's, before its final norm,
+    /// when `prepare_trunk_rows`; else the head's own previous output) and token `next`, and the
+    /// head's output (after `mtp.norm`) that the next draft step reads.
+    fn step(
+        &mut self,
+        hidden: &[f64],
+        prepare_trunk_rows: bool,
+        next: u32,
+        pos: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (c, w) = (self.c, self.w);
+        let m = w.mtp.as_ref().expect("a head");
+        let h = c.hidden_size;
+        let eps = c.rms_norm_eps as f64;
+        let hidden = match prepare_trunk_rows && self.variant != MtpVariant::PreNormHidden {
+            true => rms_norm(hidden, &w.final_norm, eps),
+            false => hidden.to_vec(),
+        };
+        let t = next as usize;
+        let e: Vec<f64> = w.embed[t * h..(t + 1) * h]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let e = rms_norm(&e, &m.pre_fc_norm_embedding, eps);
+        let hn = rms_norm(&hidden, &m.pre_fc_norm_hidden, eps);
+        let cat = match self.variant {
+            MtpVariant::HiddenFirst => [hn, e].concat(),
+            _ => [e, hn].concat(),
+        };
+        let mut x = matvec(&m.fc, h, &cat);
+        let lw = &m.layer;
+        let MixerWeights::FullAttention(a) = &lw.mixer else {
+            panic!("the head's layer is attention");
+        };
+        let normed = rms_norm(&x, &lw.input_norm, eps);
+        let mixed = attention(
+            c,
+            a,
+            &normed,
+            pos,
+            &mut self.keys,
+            &mut self.values,
+            Variant::Exact,
+        );
+        x.iter_mut().zip(&mixed).for_each(|(xi, m)| *xi += m);
+        let normed = rms_norm(&x, &lw.post_attention_norm, eps);
+        let i = c.intermediate_size;
+        let gate = matvec(&lw.mlp.gate, i, &normed);
+        let up = matvec(&lw.mlp.up, i, &normed);
+        let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| silu(*g) * u).collect();
+        let down = matvec(&lw.mlp.down, h, &act);
+        x.iter_mut().zip(&down).for_each(|(xi, d)| *xi += d);
+        let out = rms_norm(&x, &m.norm, eps);
+        (matvec(&w.lm_head, c.vocab_size, &out), out)
     }
 }
 
@@ -376,6 +460,31 @@ fn published_weights(dir: &std::path::Path, c: &HybridConfig) -> HybridWeights {
     let h = c.hidden_size;
     // Row `i` of a `[_, h]` matrix.
     let row = |m: &[f32], i: usize| m[i * h..(i + 1) * h].to_vec();
+    // A gated attention layer's weights under the names `p` gives.
+    let attention_weights = |a: &mut AttentionWeights, p: &dyn Fn(&str) -> String| {
+        let qg = get(&p("self_attn.q_proj.weight"));
+        let hd = c.head_dim;
+        let (mut q, mut gate) = (vec![], vec![]);
+        for head in 0..c.num_attention_heads {
+            let base = head * 2 * hd;
+            q.extend((base..base + hd).flat_map(|i| row(&qg, i)));
+            gate.extend((base + hd..base + 2 * hd).flat_map(|i| row(&qg, i)));
+        }
+        a.q_proj = [q, gate].concat();
+        a.k_proj = get(&p("self_attn.k_proj.weight"));
+        a.v_proj = get(&p("self_attn.v_proj.weight"));
+        a.o_proj = get(&p("self_attn.o_proj.weight"));
+        a.q_norm = one_plus(get(&p("self_attn.q_norm.weight")));
+        a.k_norm = one_plus(get(&p("self_attn.k_norm.weight")));
+    };
+    // A layer's norms and MLP.
+    let layer_weights = |lw: &mut mtplx_model::hybrid::LayerWeights, p: &dyn Fn(&str) -> String| {
+        lw.input_norm = one_plus(get(&p("input_layernorm.weight")));
+        lw.post_attention_norm = one_plus(get(&p("post_attention_layernorm.weight")));
+        lw.mlp.gate = get(&p("mlp.gate_proj.weight"));
+        lw.mlp.up = get(&p("mlp.up_proj.weight"));
+        lw.mlp.down = get(&p("mlp.down_proj.weight"));
+    };
     let mut w = HybridWeights::random(c, 0);
     w.embed = get("model.embed_tokens.weight");
     w.final_norm = one_plus(get("model.norm.weight"));
@@ -388,11 +497,7 @@ fn published_weights(dir: &std::path::Path, c: &HybridConfig) -> HybridWeights {
     let r = c.linear_num_value_heads / nk;
     for (l, lw) in w.layers.iter_mut().enumerate() {
         let p = |n: &str| format!("model.layers.{l}.{n}");
-        lw.input_norm = one_plus(get(&p("input_layernorm.weight")));
-        lw.post_attention_norm = one_plus(get(&p("post_attention_layernorm.weight")));
-        lw.mlp.gate = get(&p("mlp.gate_proj.weight"));
-        lw.mlp.up = get(&p("mlp.up_proj.weight"));
-        lw.mlp.down = get(&p("mlp.down_proj.weight"));
+        layer_weights(lw, &p);
         match &mut lw.mixer {
             MixerWeights::GatedDeltaNet(g) => {
                 let qkvz = get(&p("linear_attn.in_proj_qkvz.weight"));
@@ -421,23 +526,22 @@ fn published_weights(dir: &std::path::Path, c: &HybridConfig) -> HybridWeights {
                 g.norm = get(&p("linear_attn.norm.weight"));
                 g.out_proj = get(&p("linear_attn.out_proj.weight"));
             }
-            MixerWeights::FullAttention(a) => {
-                let qg = get(&p("self_attn.q_proj.weight"));
-                let hd = c.head_dim;
-                let (mut q, mut gate) = (vec![], vec![]);
-                for head in 0..c.num_attention_heads {
-                    let base = head * 2 * hd;
-                    q.extend((base..base + hd).flat_map(|i| row(&qg, i)));
-                    gate.extend((base + hd..base + 2 * hd).flat_map(|i| row(&qg, i)));
-                }
-                a.q_proj = [q, gate].concat();
-                a.k_proj = get(&p("self_attn.k_proj.weight"));
-                a.v_proj = get(&p("self_attn.v_proj.weight"));
-                a.o_proj = get(&p("self_attn.o_proj.weight"));
-                a.q_norm = one_plus(get(&p("self_attn.q_norm.weight")));
-                a.k_norm = one_plus(get(&p("self_attn.k_norm.weight")));
-            }
+            MixerWeights::FullAttention(a) => attention_weights(a, &p),
         }
+    }
+    if let Some(m) = &mut w.mtp {
+        let p = |n: &str| format!("mtp.{n}");
+        m.fc = get(&p("fc.weight"));
+        m.pre_fc_norm_embedding = one_plus(get(&p("pre_fc_norm_embedding.weight")));
+        m.pre_fc_norm_hidden = one_plus(get(&p("pre_fc_norm_hidden.weight")));
+        m.norm = one_plus(get(&p("norm.weight")));
+        let lw = &mut m.layer;
+        let p = |n: &str| format!("mtp.layers.0.{n}");
+        layer_weights(lw, &p);
+        let MixerWeights::FullAttention(a) = &mut lw.mixer else {
+            panic!("the head's layer is attention");
+        };
+        attention_weights(a, &p);
     }
     w
 }
@@ -485,4 +589,98 @@ fn a_gguf_file_loaded_matches_the_reference() {
     let err = worst_error(&got, &want);
     eprintln!("loaded GGUF: relative error {err:e}");
     assert!(err < TOLERANCE, "GGUF vs reference: relative error {err:e}");
+}
+
+/// The MTP head's rows over a prompt and one recursive draft step, for `weights` run by
+/// the reference (`variant`), as (logits per row, the recursive step's logits).
+fn reference_mtp(
+    config: &HybridConfig,
+    weights: &HybridWeights,
+    ids: &[u32],
+    variant: MtpVariant,
+) -> Vec<Vec<f64>> {
+    let mut trunk = Reference::new(config, weights, Variant::Exact);
+    let hidden: Vec<Vec<f64>> = ids
+        .iter()
+        .map(|&t| {
+            trunk.step(t);
+            trunk.hidden.clone()
+        })
+        .collect();
+    let mut head = ReferenceMtp {
+        c: config,
+        w: weights,
+        variant,
+        keys: Vec::new(),
+        values: Vec::new(),
+    };
+    let n = ids.len();
+    let mut rows = Vec::new();
+    let mut out = Vec::new();
+    for p in 0..n - 1 {
+        let (logits, o) = head.step(&hidden[p], true, ids[p + 1], p);
+        rows.push(logits);
+        out = o;
+    }
+    // The next draft step reads the head's own output with a drafted token.
+    rows.push(head.step(&out, false, ids[0], n - 1).0);
+    rows
+}
+
+#[test]
+fn the_mtp_head_matches_an_independent_float64_implementation() {
+    use mtplx_model::mtp::MtpRunner;
+    let config = HybridConfig::tiny();
+    let weights = HybridWeights::random(&config, 13);
+    let dir = tempfile::tempdir().unwrap();
+    mtplx_model::hybrid::hf::save(dir.path(), &config, &weights).unwrap();
+    // The user's path: the folder through the loader, the head from its `mtp.*`.
+    let model = HybridModel::load(dir.path()).unwrap();
+    let head = model.mtp_head().expect("the checkpoint's head");
+    let ids = tokens(80, config.vocab_size, 0x0DDB_1A5E);
+    let n = ids.len();
+
+    let mut seq = Sequence::new(&CacheFactory::paged(), &config.state_shape());
+    let mut hidden = model.forward(&ids, &mut seq, Want::Hidden).unwrap().hidden;
+    head.prepare_trunk_rows(&mut hidden);
+    let h = config.hidden_size;
+    let mut cache = CacheFactory::contiguous().new_cache(head.kv_shape());
+    let mut got = Vec::new();
+    // The first rows in one pass, the rest one by one (as the proposer catches up).
+    let (_, mut out) = head
+        .last_row(&model, &hidden[..40 * h], &ids[1..41], cache.as_mut(), 0)
+        .unwrap();
+    for p in 40..n - 1 {
+        let (o, logits) = head
+            .last_row(
+                &model,
+                &hidden[p * h..(p + 1) * h],
+                &[ids[p + 1]],
+                cache.as_mut(),
+                p,
+            )
+            .unwrap();
+        got.push(logits);
+        out = o;
+    }
+    let (_, logits) = head
+        .last_row(&model, &out, &[ids[0]], cache.as_mut(), n - 1)
+        .unwrap();
+    got.push(logits);
+
+    // The reference reads the file its own way.
+    let published = published_weights(dir.path(), &config);
+    let want = |variant| reference_mtp(&config, &published, &ids, variant)[40..].to_vec();
+    let exact = want(MtpVariant::Exact);
+    let err = worst_error(&got, &exact);
+    eprintln!("MTP head: relative error {err:e}");
+    assert!(err < TOLERANCE, "head vs reference: relative error {err:e}");
+    for wrong in [MtpVariant::PreNormHidden, MtpVariant::HiddenFirst] {
+        let err = worst_error(&got, &want(wrong));
+        eprintln!("{wrong:?}: relative error {err:e}");
+        assert!(
+            err > 10.0 * TOLERANCE,
+            "{wrong:?}: the tolerance cannot tell it apart ({err:e})"
+        );
+    }
 }

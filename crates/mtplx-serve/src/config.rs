@@ -10,7 +10,7 @@ use mtplx_bank::BankConfig;
 use mtplx_model::WeightFormat;
 
 use crate::cache::{SsdMode, TierConfig};
-use crate::engine::{PolicyKind, Speculation};
+use crate::engine::{HeadSource, PolicyKind, Speculation};
 use crate::request_log::{self, Rotation};
 use crate::state::Settings;
 
@@ -341,25 +341,29 @@ impl Config {
             speculation: Speculation {
                 depth: self.speculation.depth(),
                 policy: self.speculation.adaptive_policy.into(),
-                head: self.mtp_head_path(),
+                head: self.mtp_head(),
             },
             cache: self.tier_config(),
             shutdown_flush: Duration::from_secs_f64(self.shutdown_flush_s),
         }
     }
 
-    /// The MTP head file `--mtp-head` names, or the shipped one for the default model.
-    pub fn mtp_head_path(&self) -> Option<PathBuf> {
+    /// The MTP head `--mtp-head` names; without the flag, the shipped one for the default
+    /// model and the checkpoint's own (if it has one) for any other.
+    pub fn mtp_head(&self) -> HeadSource {
         match self.speculation.mtp_head.as_deref() {
-            Some("none" | "off" | "") => None,
-            Some(path) => Some(PathBuf::from(path)),
+            Some("none" | "off" | "") => HeadSource::Off,
+            Some(path) => HeadSource::File(PathBuf::from(path)),
             None => {
                 let default_model = self.model.as_ref().is_none_or(|m| {
                     m.file_name()
                         .is_some_and(|n| n == mtplx_model::store::DEFAULT_MODEL.file_name)
                 });
                 let shipped = PathBuf::from(SHIPPED_MTP_HEAD);
-                (default_model && shipped.is_file()).then_some(shipped)
+                match default_model && shipped.is_file() {
+                    true => HeadSource::File(shipped),
+                    false => HeadSource::Checkpoint,
+                }
             }
         }
     }
@@ -504,17 +508,20 @@ mod tests {
             Speculation {
                 depth: 2,
                 policy: PolicyKind::ExpectedValue,
-                head: Some(PathBuf::from(SHIPPED_MTP_HEAD)),
+                head: HeadSource::File(PathBuf::from(SHIPPED_MTP_HEAD)),
             }
         );
         assert_eq!(parse(&["--no-mtp"]).settings().speculation.depth, 0);
-        assert_eq!(parse(&["--mtp-head", "none"]).mtp_head_path(), None);
+        assert_eq!(parse(&["--mtp-head", "none"]).mtp_head(), HeadSource::Off);
         assert_eq!(
-            parse(&["--mtp-head", "/h.safetensors"]).mtp_head_path(),
-            Some(PathBuf::from("/h.safetensors"))
+            parse(&["--mtp-head", "/h.safetensors"]).mtp_head(),
+            HeadSource::File(PathBuf::from("/h.safetensors"))
         );
-        // Another model gets no head unless one is named.
-        assert_eq!(parse(&["--model", "/m/other.gguf"]).mtp_head_path(), None);
+        // Another model gets its checkpoint's own head (if any) unless one is named.
+        assert_eq!(
+            parse(&["--model", "/m/other.gguf"]).mtp_head(),
+            HeadSource::Checkpoint
+        );
         let t = parse(&[
             "--ssd-session-cache",
             "write-only",

@@ -52,6 +52,7 @@ use tower::{Service, ServiceBuilder};
 
 pub use body::{Body, BoxError};
 pub use config::Config;
+pub use engine::HeadSource;
 pub use error::ApiError;
 pub use server::{run, serve, ServeError};
 pub use state::{AppState, Settings};

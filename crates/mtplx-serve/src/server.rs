@@ -81,10 +81,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             0 => "off".to_string(),
             d => format!(
                 "depth {d}, {}, {:?}",
-                settings.speculation.head.as_ref().map_or_else(
-                    || "prompt lookup".to_string(),
-                    |h| format!("prompt lookup then MTP head {}", h.display())
-                ),
+                settings.speculation.head.describe(state.bundle()),
                 settings.speculation.policy
             ),
         },

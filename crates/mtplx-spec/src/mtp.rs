@@ -175,13 +175,16 @@ impl Proposer for MtpProposer<'_> {
                 p.hidden.truncate(keep * h);
                 p.next.extend_from_slice(rows.next);
                 p.hidden.extend_from_slice(rows.hidden);
+                self.head.prepare_trunk_rows(&mut p.hidden[keep * h..]);
             }
             // Rows before the pending ones replace them; rows after a gap start afresh.
             // Either way the pending rows would be dropped by the cache before use.
             _ => {
+                let mut hidden = rows.hidden.to_vec();
+                self.head.prepare_trunk_rows(&mut hidden);
                 self.pending = Some(Pending {
                     pos: rows.pos,
-                    hidden: rows.hidden.to_vec(),
+                    hidden,
                     next: rows.next.to_vec(),
                 });
             }

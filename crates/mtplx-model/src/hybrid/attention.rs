@@ -53,8 +53,9 @@ impl GatedAttention {
         self.qkv.weight_bytes() + self.o.weight_bytes()
     }
 
-    /// Runs the `n` rows of `x` (`[n, hidden]`, normed), at positions `cache.len()..`, into
-    /// `out` (`[n, hidden]`), appending their K/V to the cache's `layer`.
+    /// Runs the `n` rows of `x` (`[n, hidden]`, normed), at positions `pos0..`, into `out`
+    /// (`[n, hidden]`), appending their K/V to the cache's `layer`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         x: &[f32],
@@ -62,11 +63,11 @@ impl GatedAttention {
         cache: &mut dyn KvCache,
         layer: usize,
         rope: &Rope,
+        pos0: usize,
         out: &mut [f32],
     ) -> Result<()> {
         let hd = self.head_dim;
         let (qd, kvd) = (self.heads * hd, self.kv_heads * hd);
-        let pos0 = cache.layer_len(layer);
         let proj = self.qkv.forward(x, n)?;
         let (mut q, mut gate) = (vec![0f32; n * qd], vec![0f32; n * qd]);
         let (mut k, mut v) = (vec![0f32; n * kvd], vec![0f32; n * kvd]);

@@ -451,6 +451,8 @@ fn weights(src: &mut GgufSource, c: &HybridConfig, arch: Arch) -> Result<HybridW
         layers,
         final_norm,
         lm_head,
+        // llama.cpp's `nextn` blocks are not read (see the module's notes).
+        mtp: None,
     })
 }
 

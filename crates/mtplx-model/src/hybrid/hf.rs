@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use crate::error::{ModelError, Result};
 use crate::hybrid::config::{HybridConfig, LayerKind};
 use crate::hybrid::weights::{
-    AttentionWeights, GdnWeights, HybridWeights, LayerWeights, MixerWeights, MlpWeights,
+    AttentionWeights, GdnWeights, HybridWeights, LayerWeights, MixerWeights, MlpWeights, MtpWeights,
 };
 use crate::source::{HfSource, WeightSource};
 
@@ -311,76 +311,121 @@ pub fn load(dir: &Path) -> Result<(HybridConfig, HybridWeights)> {
     let c = config_from_json(&path, &text)?;
     let mut src = HfSource::open(dir)?;
     let maps = RowMaps::new(&c);
-    let (h, vocab, inter) = (c.hidden_size, c.vocab_size, c.intermediate_size);
+    let (h, vocab) = (c.hidden_size, c.vocab_size);
     let embed = tensor(&mut src, "model.embed_tokens.weight", &[vocab, h])?;
-    let mut layers = Vec::with_capacity(c.num_layers);
-    for l in 0..c.num_layers {
-        let p = format!("model.layers.{l}");
-        let mut t = |name: &str, shape: &[usize]| tensor(&mut src, &format!("{p}.{name}"), shape);
-        let input_norm = shift(&t("input_layernorm.weight", &[h])?, 1.0);
-        let mixer = match c.layer_kind(l) {
-            LayerKind::GatedDeltaNet => {
-                let (kd, vd, nv) = (
-                    c.linear_key_dim(),
-                    c.linear_value_dim(),
-                    c.linear_num_value_heads,
-                );
-                let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
-                let qkvz = t("linear_attn.in_proj_qkvz.weight", &[2 * kd + 2 * vd, h])?;
-                let ba = t("linear_attn.in_proj_ba.weight", &[2 * nv, h])?;
-                MixerWeights::GatedDeltaNet(GdnWeights {
-                    in_proj_qkvz: permute(&qkvz, h, &maps.qkvz, false),
-                    in_proj_ba: permute(&ba, h, &maps.ba, false),
-                    conv1d: t("linear_attn.conv1d.weight", &[conv, 1, kernel])?,
-                    dt_bias: t("linear_attn.dt_bias", &[nv])?,
-                    a_log: t("linear_attn.A_log", &[nv])?,
-                    norm: t("linear_attn.norm.weight", &[c.linear_value_head_dim])?,
-                    out_proj: t("linear_attn.out_proj.weight", &[h, vd])?,
-                })
-            }
-            LayerKind::FullAttention => {
-                let (q, kv, hd) = (
-                    c.num_attention_heads * c.head_dim,
-                    c.num_key_value_heads * c.head_dim,
-                    c.head_dim,
-                );
-                let q_proj = t("self_attn.q_proj.weight", &[2 * q, h])?;
-                MixerWeights::FullAttention(AttentionWeights {
-                    q_proj: permute(&q_proj, h, &maps.q, false),
-                    k_proj: t("self_attn.k_proj.weight", &[kv, h])?,
-                    v_proj: t("self_attn.v_proj.weight", &[kv, h])?,
-                    o_proj: t("self_attn.o_proj.weight", &[h, q])?,
-                    q_norm: shift(&t("self_attn.q_norm.weight", &[hd])?, 1.0),
-                    k_norm: shift(&t("self_attn.k_norm.weight", &[hd])?, 1.0),
-                })
-            }
-        };
-        let post_attention_norm = shift(&t("post_attention_layernorm.weight", &[h])?, 1.0);
-        let mlp = MlpWeights {
-            gate: t("mlp.gate_proj.weight", &[inter, h])?,
-            up: t("mlp.up_proj.weight", &[inter, h])?,
-            down: t("mlp.down_proj.weight", &[h, inter])?,
-        };
-        layers.push(LayerWeights {
-            input_norm,
-            mixer,
-            post_attention_norm,
-            mlp,
-        });
-    }
+    let layers = (0..c.num_layers)
+        .map(|l| {
+            read_layer(
+                &mut src,
+                &c,
+                &maps,
+                &format!("model.layers.{l}"),
+                c.layer_kind(l),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
     let final_norm = shift(&tensor(&mut src, "model.norm.weight", &[h])?, 1.0);
     let lm_head = if c.tie_word_embeddings {
         embed.clone()
     } else {
         tensor(&mut src, "lm_head.weight", &[vocab, h])?
     };
+    let mtp = read_mtp(&mut src, &c, &maps)?;
     let weights = HybridWeights {
         embed,
         layers,
         final_norm,
         lm_head,
+        mtp,
     };
     Ok((c, weights))
+}
+
+/// The MTP head's tensors (`mtp.*`), when the checkpoint has them (`mtp.fc.weight`): its
+/// first layer only (Qwen3-Next and Qwen3.5 publish one; vLLM cycles through more).
+fn read_mtp(src: &mut HfSource, c: &HybridConfig, maps: &RowMaps) -> Result<Option<MtpWeights>> {
+    if src.get(MTP_FC)?.is_none() {
+        return Ok(None);
+    }
+    let h = c.hidden_size;
+    let mut norm = |name: &str| tensor(src, &format!("mtp.{name}"), &[h]).map(|w| shift(&w, 1.0));
+    let pre_fc_norm_embedding = norm("pre_fc_norm_embedding.weight")?;
+    let pre_fc_norm_hidden = norm("pre_fc_norm_hidden.weight")?;
+    let mtp_norm = norm("norm.weight")?;
+    Ok(Some(MtpWeights {
+        pre_fc_norm_embedding,
+        pre_fc_norm_hidden,
+        fc: tensor(src, MTP_FC, &[h, 2 * h])?,
+        layer: read_layer(src, c, maps, MTP_LAYER, LayerKind::FullAttention)?,
+        norm: mtp_norm,
+    }))
+}
+
+/// `mtp.fc.weight`, whose presence says the checkpoint has an MTP head.
+const MTP_FC: &str = "mtp.fc.weight";
+/// The prefix of the MTP head's decoder layer.
+const MTP_LAYER: &str = "mtp.layers.0";
+
+/// One decoder layer under `p` (`model.layers.3`, `mtp.layers.0`).
+fn read_layer(
+    src: &mut HfSource,
+    c: &HybridConfig,
+    maps: &RowMaps,
+    p: &str,
+    kind: LayerKind,
+) -> Result<LayerWeights> {
+    let (h, inter) = (c.hidden_size, c.intermediate_size);
+    let mut t = |name: &str, shape: &[usize]| tensor(src, &format!("{p}.{name}"), shape);
+    let input_norm = shift(&t("input_layernorm.weight", &[h])?, 1.0);
+    let mixer = match kind {
+        LayerKind::GatedDeltaNet => {
+            let (kd, vd, nv) = (
+                c.linear_key_dim(),
+                c.linear_value_dim(),
+                c.linear_num_value_heads,
+            );
+            let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
+            let qkvz = t("linear_attn.in_proj_qkvz.weight", &[2 * kd + 2 * vd, h])?;
+            let ba = t("linear_attn.in_proj_ba.weight", &[2 * nv, h])?;
+            MixerWeights::GatedDeltaNet(GdnWeights {
+                in_proj_qkvz: permute(&qkvz, h, &maps.qkvz, false),
+                in_proj_ba: permute(&ba, h, &maps.ba, false),
+                conv1d: t("linear_attn.conv1d.weight", &[conv, 1, kernel])?,
+                dt_bias: t("linear_attn.dt_bias", &[nv])?,
+                a_log: t("linear_attn.A_log", &[nv])?,
+                norm: t("linear_attn.norm.weight", &[c.linear_value_head_dim])?,
+                out_proj: t("linear_attn.out_proj.weight", &[h, vd])?,
+            })
+        }
+        LayerKind::FullAttention => {
+            let (q, kv, hd) = (
+                c.num_attention_heads * c.head_dim,
+                c.num_key_value_heads * c.head_dim,
+                c.head_dim,
+            );
+            let q_proj = t("self_attn.q_proj.weight", &[2 * q, h])?;
+            MixerWeights::FullAttention(AttentionWeights {
+                q_proj: permute(&q_proj, h, &maps.q, false),
+                k_proj: t("self_attn.k_proj.weight", &[kv, h])?,
+                v_proj: t("self_attn.v_proj.weight", &[kv, h])?,
+                o_proj: t("self_attn.o_proj.weight", &[h, q])?,
+                q_norm: shift(&t("self_attn.q_norm.weight", &[hd])?, 1.0),
+                k_norm: shift(&t("self_attn.k_norm.weight", &[hd])?, 1.0),
+            })
+        }
+    };
+    let post_attention_norm = shift(&t("post_attention_layernorm.weight", &[h])?, 1.0);
+    let mlp = MlpWeights {
+        gate: t("mlp.gate_proj.weight", &[inter, h])?,
+        up: t("mlp.up_proj.weight", &[inter, h])?,
+        down: t("mlp.down_proj.weight", &[h, inter])?,
+    };
+    Ok(LayerWeights {
+        input_norm,
+        mixer,
+        post_attention_norm,
+        mlp,
+    })
 }
 
 /// The published tensors of `weights`: (name, shape, values), in the checkpoint's layout.
@@ -393,77 +438,7 @@ pub fn tensors(c: &HybridConfig, w: &HybridWeights) -> Vec<(String, Vec<usize>, 
         w.embed.clone(),
     )];
     for (l, lw) in w.layers.iter().enumerate() {
-        let mut put = |name: &str, shape: Vec<usize>, data: Vec<f32>| {
-            out.push((format!("model.layers.{l}.{name}"), shape, data))
-        };
-        put(
-            "input_layernorm.weight",
-            vec![h],
-            shift(&lw.input_norm, -1.0),
-        );
-        match &lw.mixer {
-            MixerWeights::GatedDeltaNet(g) => {
-                let (kd, vd, nv) = (
-                    c.linear_key_dim(),
-                    c.linear_value_dim(),
-                    c.linear_num_value_heads,
-                );
-                put(
-                    "linear_attn.in_proj_qkvz.weight",
-                    vec![2 * kd + 2 * vd, h],
-                    permute(&g.in_proj_qkvz, h, &maps.qkvz, true),
-                );
-                put(
-                    "linear_attn.in_proj_ba.weight",
-                    vec![2 * nv, h],
-                    permute(&g.in_proj_ba, h, &maps.ba, true),
-                );
-                let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
-                put(
-                    "linear_attn.conv1d.weight",
-                    vec![conv, 1, kernel],
-                    g.conv1d.clone(),
-                );
-                put("linear_attn.dt_bias", vec![nv], g.dt_bias.clone());
-                put("linear_attn.A_log", vec![nv], g.a_log.clone());
-                put(
-                    "linear_attn.norm.weight",
-                    vec![c.linear_value_head_dim],
-                    g.norm.clone(),
-                );
-                put(
-                    "linear_attn.out_proj.weight",
-                    vec![h, vd],
-                    g.out_proj.clone(),
-                );
-            }
-            MixerWeights::FullAttention(a) => {
-                let (q, kv, hd) = (
-                    c.num_attention_heads * c.head_dim,
-                    c.num_key_value_heads * c.head_dim,
-                    c.head_dim,
-                );
-                put(
-                    "self_attn.q_proj.weight",
-                    vec![2 * q, h],
-                    permute(&a.q_proj, h, &maps.q, true),
-                );
-                put("self_attn.k_proj.weight", vec![kv, h], a.k_proj.clone());
-                put("self_attn.v_proj.weight", vec![kv, h], a.v_proj.clone());
-                put("self_attn.o_proj.weight", vec![h, q], a.o_proj.clone());
-                put("self_attn.q_norm.weight", vec![hd], shift(&a.q_norm, -1.0));
-                put("self_attn.k_norm.weight", vec![hd], shift(&a.k_norm, -1.0));
-            }
-        }
-        put(
-            "post_attention_layernorm.weight",
-            vec![h],
-            shift(&lw.post_attention_norm, -1.0),
-        );
-        let i = c.intermediate_size;
-        put("mlp.gate_proj.weight", vec![i, h], lw.mlp.gate.clone());
-        put("mlp.up_proj.weight", vec![i, h], lw.mlp.up.clone());
-        put("mlp.down_proj.weight", vec![h, i], lw.mlp.down.clone());
+        put_layer(&mut out, c, &maps, &format!("model.layers.{l}"), lw);
     }
     out.push((
         "model.norm.weight".into(),
@@ -477,7 +452,108 @@ pub fn tensors(c: &HybridConfig, w: &HybridWeights) -> Vec<(String, Vec<usize>, 
             w.lm_head.clone(),
         ));
     }
+    if let Some(m) = &w.mtp {
+        let mut put = |name: &str, shape: Vec<usize>, data: Vec<f32>| {
+            out.push((format!("mtp.{name}"), shape, data))
+        };
+        let norm = |w: &[f32]| shift(w, -1.0);
+        put(
+            "pre_fc_norm_embedding.weight",
+            vec![h],
+            norm(&m.pre_fc_norm_embedding),
+        );
+        put(
+            "pre_fc_norm_hidden.weight",
+            vec![h],
+            norm(&m.pre_fc_norm_hidden),
+        );
+        put("fc.weight", vec![h, 2 * h], m.fc.clone());
+        put("norm.weight", vec![h], norm(&m.norm));
+        put_layer(&mut out, c, &maps, MTP_LAYER, &m.layer);
+    }
     out
+}
+
+/// The published tensors of one decoder layer, under `p`.
+fn put_layer(
+    out: &mut Vec<(String, Vec<usize>, Vec<f32>)>,
+    c: &HybridConfig,
+    maps: &RowMaps,
+    p: &str,
+    lw: &LayerWeights,
+) {
+    let h = c.hidden_size;
+    let mut put = |name: &str, shape: Vec<usize>, data: Vec<f32>| {
+        out.push((format!("{p}.{name}"), shape, data))
+    };
+    put(
+        "input_layernorm.weight",
+        vec![h],
+        shift(&lw.input_norm, -1.0),
+    );
+    match &lw.mixer {
+        MixerWeights::GatedDeltaNet(g) => {
+            let (kd, vd, nv) = (
+                c.linear_key_dim(),
+                c.linear_value_dim(),
+                c.linear_num_value_heads,
+            );
+            put(
+                "linear_attn.in_proj_qkvz.weight",
+                vec![2 * kd + 2 * vd, h],
+                permute(&g.in_proj_qkvz, h, &maps.qkvz, true),
+            );
+            put(
+                "linear_attn.in_proj_ba.weight",
+                vec![2 * nv, h],
+                permute(&g.in_proj_ba, h, &maps.ba, true),
+            );
+            let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
+            put(
+                "linear_attn.conv1d.weight",
+                vec![conv, 1, kernel],
+                g.conv1d.clone(),
+            );
+            put("linear_attn.dt_bias", vec![nv], g.dt_bias.clone());
+            put("linear_attn.A_log", vec![nv], g.a_log.clone());
+            put(
+                "linear_attn.norm.weight",
+                vec![c.linear_value_head_dim],
+                g.norm.clone(),
+            );
+            put(
+                "linear_attn.out_proj.weight",
+                vec![h, vd],
+                g.out_proj.clone(),
+            );
+        }
+        MixerWeights::FullAttention(a) => {
+            let (q, kv, hd) = (
+                c.num_attention_heads * c.head_dim,
+                c.num_key_value_heads * c.head_dim,
+                c.head_dim,
+            );
+            put(
+                "self_attn.q_proj.weight",
+                vec![2 * q, h],
+                permute(&a.q_proj, h, &maps.q, true),
+            );
+            put("self_attn.k_proj.weight", vec![kv, h], a.k_proj.clone());
+            put("self_attn.v_proj.weight", vec![kv, h], a.v_proj.clone());
+            put("self_attn.o_proj.weight", vec![h, q], a.o_proj.clone());
+            put("self_attn.q_norm.weight", vec![hd], shift(&a.q_norm, -1.0));
+            put("self_attn.k_norm.weight", vec![hd], shift(&a.k_norm, -1.0));
+        }
+    }
+    put(
+        "post_attention_layernorm.weight",
+        vec![h],
+        shift(&lw.post_attention_norm, -1.0),
+    );
+    let i = c.intermediate_size;
+    put("mlp.gate_proj.weight", vec![i, h], lw.mlp.gate.clone());
+    put("mlp.up_proj.weight", vec![i, h], lw.mlp.up.clone());
+    put("mlp.down_proj.weight", vec![h, i], lw.mlp.down.clone());
 }
 
 /// Writes `weights` as a Qwen3-Next folder: `config.json` and `model.safetensors` (`f32`).

@@ -45,12 +45,15 @@ mod config;
 mod gdn;
 pub mod gguf;
 pub mod hf;
+mod layer;
 mod model;
+mod mtp;
 pub mod synthetic;
 mod weights;
 
 pub use config::{HybridConfig, LayerKind};
 pub use model::HybridModel;
+pub use mtp::HybridMtpHead;
 pub use weights::{
-    AttentionWeights, GdnWeights, HybridWeights, LayerWeights, MixerWeights, MlpWeights,
+    AttentionWeights, GdnWeights, HybridWeights, LayerWeights, MixerWeights, MlpWeights, MtpWeights,
 };

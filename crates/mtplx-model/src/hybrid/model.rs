@@ -3,31 +3,17 @@
 
 use crate::config::Dims;
 use crate::error::{ModelError, Result};
-use crate::hybrid::attention::GatedAttention;
+use std::sync::Arc;
+
 use crate::hybrid::config::HybridConfig;
-use crate::hybrid::gdn::GatedDeltaNet;
-use crate::hybrid::weights::{HybridWeights, MixerWeights, MlpWeights};
+use crate::hybrid::layer::{Layer, State};
+use crate::hybrid::mtp::HybridMtpHead;
+use crate::hybrid::weights::{HybridWeights, MixerWeights};
 use crate::model::{ForwardOutput, LanguageModel, Want};
 use crate::ops::{self, Rope};
 use crate::weights::{Linear, WeightFormat};
 use crate::RopeStyle;
 use mtplx_kv::{Sequence, StateShape};
-
-enum Mixer {
-    /// The gated delta net and its index among the recurrent layers.
-    GatedDeltaNet(GatedDeltaNet, usize),
-    /// The attention layer and its index among the attention layers (its KV layer).
-    FullAttention(GatedAttention, usize),
-}
-
-struct Layer {
-    input_norm: Vec<f32>,
-    mixer: Mixer,
-    post_attention_norm: Vec<f32>,
-    /// Gate and up side by side in each output row.
-    gate_up: Linear,
-    down: Linear,
-}
 
 /// A Qwen3-Next-style hybrid model on the CPU, its weights run by the batch-invariant
 /// kernels. It runs on a [`Sequence`] whose recurrent state its gated delta nets fold
@@ -39,8 +25,11 @@ pub struct HybridModel {
     embed: Vec<f32>,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
-    lm_head: Linear,
-    rope: Rope,
+    lm_head: Arc<Linear>,
+    rope: Arc<Rope>,
+    /// The checkpoint's multi-token-prediction head, sharing the output head and rotary
+    /// table.
+    mtp: Option<Arc<HybridMtpHead>>,
 }
 
 impl HybridModel {
@@ -48,45 +37,46 @@ impl HybridModel {
     pub fn new(config: HybridConfig, weights: &HybridWeights) -> Result<Self> {
         let c = &config;
         validate(c, weights)?;
-        let (h, inter) = (c.hidden_size, c.intermediate_size);
-        let f = WeightFormat::Native;
         let (mut recurrent, mut attention) = (0, 0);
         let mut layers = Vec::with_capacity(c.num_layers);
         for w in &weights.layers {
-            let mixer = match &w.mixer {
-                MixerWeights::GatedDeltaNet(g) => {
-                    recurrent += 1;
-                    Mixer::GatedDeltaNet(GatedDeltaNet::new(c, g)?, recurrent - 1)
-                }
-                MixerWeights::FullAttention(a) => {
-                    attention += 1;
-                    Mixer::FullAttention(GatedAttention::new(c, a)?, attention - 1)
-                }
+            let index = match &w.mixer {
+                MixerWeights::GatedDeltaNet(_) => &mut recurrent,
+                MixerWeights::FullAttention(_) => &mut attention,
             };
-            let MlpWeights { gate, up, down } = &w.mlp;
-            layers.push(Layer {
-                input_norm: w.input_norm.clone(),
-                mixer,
-                post_attention_norm: w.post_attention_norm.clone(),
-                gate_up: Linear::concat(vec![
-                    Linear::from_f32(gate, inter, h, f)?,
-                    Linear::from_f32(up, inter, h, f)?,
-                ])?,
-                down: Linear::from_f32(down, h, inter, f)?,
-            });
+            layers.push(Layer::new(c, w, *index)?);
+            *index += 1;
         }
+        let lm_head = Arc::new(Linear::from_f32(
+            &weights.lm_head,
+            c.vocab_size,
+            c.hidden_size,
+            WeightFormat::Native,
+        )?);
+        let rope = Arc::new(Rope::partial(
+            c.head_dim,
+            c.rotary_dim(),
+            c.rope_theta,
+            c.context_length,
+            RopeStyle::Half,
+        ));
+        let mtp = match &weights.mtp {
+            Some(w) => Some(Arc::new(HybridMtpHead::new(
+                c,
+                w,
+                &weights.final_norm,
+                lm_head.clone(),
+                rope.clone(),
+            )?)),
+            None => None,
+        };
         Ok(HybridModel {
             embed: weights.embed.clone(),
             layers,
             final_norm: weights.final_norm.clone(),
-            lm_head: Linear::from_f32(&weights.lm_head, c.vocab_size, h, f)?,
-            rope: Rope::partial(
-                c.head_dim,
-                c.rotary_dim(),
-                c.rope_theta,
-                c.context_length,
-                RopeStyle::Half,
-            ),
+            lm_head,
+            rope,
+            mtp,
             state: config.state_shape(),
             config,
         })
@@ -108,17 +98,16 @@ impl HybridModel {
         &self.config
     }
 
+    /// The multi-token-prediction head the checkpoint carries (its `mtp.*` tensors), if any.
+    pub fn mtp_head(&self) -> Option<Arc<HybridMtpHead>> {
+        self.mtp.clone()
+    }
+
     /// Whether every product is batch-invariant (always, with the kernels).
     pub fn is_batch_invariant(&self) -> bool {
         self.lm_head.is_batch_invariant()
-            && self.layers.iter().all(|l| {
-                l.gate_up.is_batch_invariant()
-                    && l.down.is_batch_invariant()
-                    && match &l.mixer {
-                        Mixer::GatedDeltaNet(g, _) => g.is_batch_invariant(),
-                        Mixer::FullAttention(a, _) => a.is_batch_invariant(),
-                    }
-            })
+            && self.layers.iter().all(Layer::is_batch_invariant)
+            && self.mtp.as_ref().is_none_or(|m| m.is_batch_invariant())
     }
 
     fn check(&self, tokens: &[u32], seq: &Sequence) -> Result<()> {
@@ -151,35 +140,26 @@ impl HybridModel {
         seq: &mut Sequence,
         want: Want,
     ) -> Result<ForwardOutput> {
-        let c = &self.config;
-        let (n, h, eps) = (tokens.len(), c.hidden_size, c.rms_norm_eps);
+        let (n, h) = (tokens.len(), self.config.hidden_size);
         let mut x = self.embed(tokens)?;
-        let mut normed = vec![0f32; n * h];
-        let mut mixed = vec![0f32; n * h];
-        let mut act = vec![0f32; n * c.intermediate_size];
+        let pos0 = seq.len();
         let (kv, recurrent) = seq.parts_mut();
-        let recurrent = recurrent.ok_or_else(|| ModelError::Hybrid {
-            reason: "the sequence has no recurrent state".into(),
-        })?;
+        let Some(recurrent) = recurrent else {
+            return Err(ModelError::Hybrid {
+                reason: "the sequence has no recurrent state".into(),
+            });
+        };
+        let mut state = State {
+            kv,
+            recurrent: Some(recurrent),
+            pos0,
+        };
         for l in &self.layers {
-            ops::rms_norm(&x, &l.input_norm, eps, &mut normed);
-            match &l.mixer {
-                Mixer::GatedDeltaNet(g, i) => {
-                    let (conv, ssm) = recurrent.state_mut(*i)?;
-                    g.forward(&normed, n, conv, ssm, &mut mixed)?;
-                }
-                Mixer::FullAttention(a, i) => {
-                    a.forward(&normed, n, kv, *i, &self.rope, &mut mixed)?
-                }
-            }
-            ops::add_inplace(&mut x, &mixed);
-            ops::rms_norm(&x, &l.post_attention_norm, eps, &mut normed);
-            let gate_up = l.gate_up.forward(&normed, n)?;
-            ops::silu_mul_halves(&gate_up, c.intermediate_size, &mut act);
-            l.down.forward_into(&act, n, &mut mixed)?;
-            ops::add_inplace(&mut x, &mixed);
+            l.forward(&mut x, n, &mut state, &self.rope)?;
         }
-        recurrent.advance(n);
+        if let Some(r) = state.recurrent {
+            r.advance(n);
+        }
         let first = match want {
             Want::Nothing => return Ok(ForwardOutput::default()),
             Want::Hidden => {
@@ -296,18 +276,9 @@ impl LanguageModel for HybridModel {
     }
 
     fn weight_bytes(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                let mixer = match &l.mixer {
-                    Mixer::GatedDeltaNet(g, _) => g.weight_bytes(),
-                    Mixer::FullAttention(a, _) => a.weight_bytes(),
-                };
-                mixer + l.gate_up.weight_bytes() + l.down.weight_bytes()
-            })
-            .sum();
-        layers + self.embed.len() * 4 + self.lm_head.weight_bytes()
+        let layers: usize = self.layers.iter().map(Layer::weight_bytes).sum();
+        let mtp = self.mtp.as_ref().map_or(0, |m| m.weight_bytes());
+        layers + mtp + self.embed.len() * 4 + self.lm_head.weight_bytes()
     }
 
     fn is_batch_invariant(&self) -> bool {
@@ -355,6 +326,15 @@ fn validate(c: &HybridConfig, w: &HybridWeights) -> Result<()> {
     let (h, v) = (c.hidden_size, c.vocab_size);
     if w.embed.len() != v * h || w.lm_head.len() != v * h || w.final_norm.len() != h {
         return bad("embedding, head or final norm of the wrong size".into());
+    }
+    if let Some(m) = &w.mtp {
+        if !matches!(m.layer.mixer, MixerWeights::FullAttention(_)) {
+            return bad("the MTP head's layer is not full attention".into());
+        }
+        let norms = [&m.pre_fc_norm_embedding, &m.pre_fc_norm_hidden, &m.norm];
+        if m.fc.len() != 2 * h * h || norms.iter().any(|n| n.len() != h) {
+            return bad("the MTP head's `fc` or norms are of the wrong size".into());
+        }
     }
     Ok(())
 }

@@ -18,6 +18,26 @@ pub struct HybridWeights {
     pub final_norm: Vec<f32>,
     /// `[vocab, hidden]` (not tied to the embedding).
     pub lm_head: Vec<f32>,
+    /// The multi-token-prediction head, when the checkpoint carries one (`mtp.*`).
+    pub mtp: Option<MtpWeights>,
+}
+
+/// A multi-token-prediction head (Qwen3-Next's `mtp.*`, vLLM's `Qwen3NextMultiTokenPredictor`):
+/// from the trunk's hidden state at position `p` (after the trunk's final norm) and the
+/// embedding of token `p + 1`, one gated-attention decoder layer predicts token `p + 2`
+/// through the trunk's output head. The embedding and output head are the trunk's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MtpWeights {
+    /// `[hidden]`: the norm of the next token's embedding.
+    pub pre_fc_norm_embedding: Vec<f32>,
+    /// `[hidden]`: the norm of the trunk's hidden state.
+    pub pre_fc_norm_hidden: Vec<f32>,
+    /// `[hidden, 2 * hidden]`: input `[embedding ⊕ hidden]`.
+    pub fc: Vec<f32>,
+    /// One decoder layer; its mixer is [`MixerWeights::FullAttention`].
+    pub layer: LayerWeights,
+    /// `[hidden]`: the norm before the output head.
+    pub norm: Vec<f32>,
 }
 
 /// One decoder layer: `x += mixer(norm(x)); x += mlp(norm(x))`.
@@ -106,6 +126,31 @@ impl Draw {
         self.uniform(n, 0.2).into_iter().map(|v| 1.0 + v).collect()
     }
 
+    /// A gated attention layer's weights.
+    fn attention(&mut self, c: &HybridConfig) -> MixerWeights {
+        let h = c.hidden_size;
+        let q = c.num_attention_heads * c.head_dim;
+        let kv = c.num_key_value_heads * c.head_dim;
+        MixerWeights::FullAttention(AttentionWeights {
+            q_proj: self.matrix(2 * q, h, 1.0),
+            k_proj: self.matrix(kv, h, 1.0),
+            v_proj: self.matrix(kv, h, 1.0),
+            o_proj: self.matrix(h, q, 0.5),
+            q_norm: self.norm(c.head_dim),
+            k_norm: self.norm(c.head_dim),
+        })
+    }
+
+    /// A dense MLP's weights.
+    fn mlp(&mut self, c: &HybridConfig) -> MlpWeights {
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        MlpWeights {
+            gate: self.matrix(i, h, 1.0),
+            up: self.matrix(i, h, 1.0),
+            down: self.matrix(h, i, 0.5),
+        }
+    }
+
     /// `n` values uniform in `[lo, hi)`.
     fn range(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f32> {
         (0..n)
@@ -144,39 +189,39 @@ impl HybridWeights {
                             out_proj: d.matrix(h, v, 0.5),
                         })
                     }
-                    LayerKind::FullAttention => {
-                        let q = c.num_attention_heads * c.head_dim;
-                        let kv = c.num_key_value_heads * c.head_dim;
-                        MixerWeights::FullAttention(AttentionWeights {
-                            q_proj: d.matrix(2 * q, h, 1.0),
-                            k_proj: d.matrix(kv, h, 1.0),
-                            v_proj: d.matrix(kv, h, 1.0),
-                            o_proj: d.matrix(h, q, 0.5),
-                            q_norm: d.norm(c.head_dim),
-                            k_norm: d.norm(c.head_dim),
-                        })
-                    }
+                    LayerKind::FullAttention => d.attention(c),
                 };
                 let post_attention_norm = d.norm(h);
-                let i = c.intermediate_size;
-                let mlp = MlpWeights {
-                    gate: d.matrix(i, h, 1.0),
-                    up: d.matrix(i, h, 1.0),
-                    down: d.matrix(h, i, 0.5),
-                };
                 LayerWeights {
                     input_norm,
                     mixer,
                     post_attention_norm,
-                    mlp,
+                    mlp: d.mlp(c),
                 }
             })
             .collect();
+        let final_norm = d.norm(h);
+        let lm_head = d.matrix(c.vocab_size, h, 3.0);
+        // Drawn after the trunk, so the trunk's weights are those of a seed with or
+        // without a head.
+        let mtp = MtpWeights {
+            pre_fc_norm_embedding: d.norm(h),
+            pre_fc_norm_hidden: d.norm(h),
+            fc: d.matrix(h, 2 * h, 1.0),
+            layer: LayerWeights {
+                input_norm: d.norm(h),
+                mixer: d.attention(c),
+                post_attention_norm: d.norm(h),
+                mlp: d.mlp(c),
+            },
+            norm: d.norm(h),
+        };
         HybridWeights {
             embed,
             layers,
-            final_norm: d.norm(h),
-            lm_head: d.matrix(c.vocab_size, h, 3.0),
+            final_norm,
+            lm_head,
+            mtp: Some(mtp),
         }
     }
 }

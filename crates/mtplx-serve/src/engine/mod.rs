@@ -22,13 +22,12 @@ pub use crate::job::{
 };
 pub use config::{EngineConfig, StopSignal};
 pub use error::EngineError;
-pub use speculation::{PolicyKind, Speculation};
+pub use speculation::{HeadSource, PolicyKind, Speculation};
 
 use crate::cache::CacheTier;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request_log::RequestLog;
-use mtplx_model::mtp::{MtpHead, Vocab};
 
 /// Events buffered between the engine and a slow client; the engine waits beyond this, so
 /// it is never more than this many pieces of text ahead of what the client read.
@@ -54,14 +53,13 @@ impl Engine {
     ) -> std::io::Result<Engine> {
         let (tx, mut rx) =
             mpsc::channel::<(Job, mpsc::Sender<Event>)>(config.queue_capacity.max(1));
-        // A head that does not fit the model is a startup error, not a silent fallback.
-        let mtp_head = match &config.speculation.head {
-            Some(path) if config.speculation.depth > 0 => Some(Arc::new(
-                MtpHead::load(path, bundle.model.as_ref(), Vocab::FromFile).map_err(|e| {
-                    std::io::Error::other(format!("MTP head {}: {e}", path.display()))
-                })?,
-            )),
-            _ => None,
+        let mtp_head = match config.speculation.depth {
+            0 => None,
+            _ => config
+                .speculation
+                .head
+                .load(&bundle)
+                .map_err(std::io::Error::other)?,
         };
         let stop = StopSignal::default();
         let mut worker = worker::Worker::new(

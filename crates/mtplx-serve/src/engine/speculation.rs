@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use mtplx_kv::CacheFactory;
-use mtplx_model::mtp::MtpHead;
-use mtplx_model::LanguageModel;
+use mtplx_model::mtp::{MtpHead, MtpRunner, Vocab};
+use mtplx_model::{Bundle, LanguageModel};
 use mtplx_spec::{
     Decode, DepthPolicy, DraftSampling, LookupThenMtp, MtpProposer, PromptLookup, Proposer,
 };
@@ -24,7 +24,7 @@ pub struct Speculation {
     /// The MTP head drafting for the model (`--mtp-head`): with one, requests draft by
     /// prompt lookup when the context repeats itself and by the head otherwise; without,
     /// by prompt lookup alone.
-    pub head: Option<PathBuf>,
+    pub head: HeadSource,
 }
 
 impl Default for Speculation {
@@ -32,7 +32,44 @@ impl Default for Speculation {
         Speculation {
             depth: 3,
             policy: PolicyKind::None,
-            head: None,
+            head: HeadSource::Checkpoint,
+        }
+    }
+}
+
+/// Where the MTP head comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadSource {
+    /// None: prompt lookup alone (`--mtp-head none`).
+    Off,
+    /// The head the model's checkpoint carries (a hybrid checkpoint's `mtp.*`), if it
+    /// carries one; prompt lookup alone if not.
+    Checkpoint,
+    /// A head file of its own (`--mtp-head PATH`, or the shipped one for the default model).
+    File(PathBuf),
+}
+
+impl HeadSource {
+    /// Loads the head for `bundle`'s model. A head that does not fit the model is an error,
+    /// not a silent fallback.
+    pub fn load(&self, bundle: &Bundle) -> Result<Option<Arc<dyn MtpRunner>>, String> {
+        match self {
+            HeadSource::Off => Ok(None),
+            HeadSource::Checkpoint => Ok(bundle.mtp_head.clone()),
+            HeadSource::File(path) => MtpHead::load(path, bundle.model.as_ref(), Vocab::FromFile)
+                .map(|h| Some(Arc::new(h) as Arc<dyn MtpRunner>))
+                .map_err(|e| format!("MTP head {}: {e}", path.display())),
+        }
+    }
+
+    /// What drafts with it, for the startup line.
+    pub fn describe(&self, bundle: &Bundle) -> String {
+        match self {
+            HeadSource::File(path) => format!("prompt lookup then MTP head {}", path.display()),
+            HeadSource::Checkpoint if bundle.mtp_head.is_some() => {
+                "prompt lookup then the checkpoint's MTP head".into()
+            }
+            HeadSource::Off | HeadSource::Checkpoint => "prompt lookup".into(),
         }
     }
 }
@@ -41,7 +78,7 @@ impl Default for Speculation {
 /// with the proposer the engine has (prompt lookup, then the MTP head if there is one).
 pub(super) fn decode<'a>(
     model: &'a dyn LanguageModel,
-    head: Option<&Arc<MtpHead>>,
+    head: Option<&Arc<dyn MtpRunner>>,
     mode: GenerationMode,
     spec: &Speculation,
 ) -> Decode<'a> {

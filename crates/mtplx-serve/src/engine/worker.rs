@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use mtplx_bank::{Commit, Explanation};
 use mtplx_kv::Sequence;
-use mtplx_model::mtp::MtpHead;
+use mtplx_model::mtp::MtpRunner;
 use mtplx_model::Bundle;
 use mtplx_spec::{drive, End, Request};
 use tokio::sync::mpsc;
@@ -28,7 +28,7 @@ pub(super) struct Worker {
     pub bundle: Arc<Bundle>,
     pub config: EngineConfig,
     /// The loaded `config.speculation.head`.
-    pub mtp_head: Option<Arc<MtpHead>>,
+    pub mtp_head: Option<Arc<dyn MtpRunner>>,
     pub tier: CacheTier,
     pub metrics: Arc<Metrics>,
     pub log: Option<Arc<RequestLog>>,
@@ -40,7 +40,7 @@ impl Worker {
     pub fn new(
         bundle: Arc<Bundle>,
         config: EngineConfig,
-        mtp_head: Option<Arc<MtpHead>>,
+        mtp_head: Option<Arc<dyn MtpRunner>>,
         tier: CacheTier,
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
