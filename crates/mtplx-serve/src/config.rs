@@ -209,7 +209,8 @@ pub struct SpeculationArgs {
     pub no_mtp: bool,
     /// The MTP head that drafts in `mtp` mode (a `.safetensors` file, or a Hugging Face
     /// folder whose shards hold `mtp.*`), or `none` for prompt lookup alone [default: the
-    /// head shipped in this repository's models/mtp/ when the default model runs].
+    /// head shipped in this repository's models/mtp/ when the default model runs, else the
+    /// model checkpoint's own `mtp.*` head if it has one].
     #[arg(long, env = "MTPLX_MTP_HEAD")]
     pub mtp_head: Option<String>,
     /// How the draft depth adapts: `cost` (the default) drafts the depth (0 to `--depth`)
