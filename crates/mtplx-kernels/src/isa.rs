@@ -101,8 +101,11 @@ pub(crate) fn kernel(isa: Isa, format: QuantFormat) -> Option<Kernel> {
                 QuantFormat::BF16 => $entry::<layout::BF16>,
                 QuantFormat::Q4_0 => $entry::<layout::Q4_0>,
                 QuantFormat::Q4_1 => $entry::<layout::Q4_1>,
+                QuantFormat::Q5_0 => $entry::<layout::Q5_0>,
+                QuantFormat::Q5_1 => $entry::<layout::Q5_1>,
                 QuantFormat::Q8_0 => $entry::<layout::Q8_0>,
                 QuantFormat::Q4K => $entry::<layout::Q4K>,
+                QuantFormat::Q5K => $entry::<layout::Q5K>,
                 QuantFormat::Q6K => $entry::<layout::Q6K>,
             }
         };

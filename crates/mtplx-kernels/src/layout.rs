@@ -95,7 +95,10 @@ pub(crate) struct BF16;
 pub(crate) struct Q4_0;
 pub(crate) struct Q4_1;
 pub(crate) struct Q8_0;
+pub(crate) struct Q5_0;
+pub(crate) struct Q5_1;
 pub(crate) struct Q4K;
+pub(crate) struct Q5K;
 pub(crate) struct Q6K;
 
 impl Layout for F32 {
@@ -239,6 +242,103 @@ impl Layout for Q4_1 {
     }
 }
 
+/// Packs the 2-bit fields `c(j, i)` of `inputs` inputs, four per byte (bits `2k..2k+2` =
+/// input `4v + k` of unit `v`), as `inputs / 4` units at `dst_off`: what
+/// [`Simd::high6`] reads back as `16 c − 32`.
+fn pack_fields(dst: &mut [u8], dst_off: usize, inputs: usize, c: impl Fn(usize, usize) -> u8) {
+    for v in 0..inputs / 4 {
+        for j in 0..TILE {
+            dst[dst_off + TILE * v + j] = (0..4).fold(0, |acc, k| acc | c(j, 4 * v + k) << (2 * k));
+        }
+    }
+}
+
+/// Bit `i` of a 5-bit block's little-endian `u32` of high bits.
+fn high_bit(qh: &[u8], i: usize) -> u8 {
+    (qh[i / 8] >> (i % 8)) & 1
+}
+
+/// For each input `$i` of the `$groups` groups of four from group `$g0` of a tile-block of
+/// 5-bit weights, binds `$q` to the 16-lane values `lo + hi` (`lo` from the nibble-pair units
+/// at `$nib`, `hi = 16 c − 32` from the 2-bit field units at `$high`) and runs `$body`.
+/// A macro, not a function taking a closure (see [`Sink`]).
+macro_rules! five_bit_groups {
+    ($S:ty, $t:expr, $k:expr, $nib:expr, $high:expr, $g0:expr, $groups:expr, |$i:ident, $q:ident| $body:expr) => {
+        for v in $g0..$g0 + $groups {
+            let lo01: [(<$S as Simd>::V, <$S as Simd>::V); C] = lanes!((<$S>::zero(), <$S>::zero());
+                c => <$S>::nibbles($k, $t[c].add($nib + TILE * 2 * v)));
+            let lo23: [(<$S as Simd>::V, <$S as Simd>::V); C] = lanes!((<$S>::zero(), <$S>::zero());
+                c => <$S>::nibbles($k, $t[c].add($nib + TILE * (2 * v + 1))));
+            let hi: [[<$S as Simd>::V; 4]; C] =
+                lanes!([<$S>::zero(); 4]; c => <$S>::high6($k, $t[c].add($high + TILE * v)));
+            for (n, $q) in [
+                lanes!(<$S>::zero(); c => <$S>::add(lo01[c].0, hi[c][0])),
+                lanes!(<$S>::zero(); c => <$S>::add(lo01[c].1, hi[c][1])),
+                lanes!(<$S>::zero(); c => <$S>::add(lo23[c].0, hi[c][2])),
+                lanes!(<$S>::zero(); c => <$S>::add(lo23[c].1, hi[c][3])),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let $i = 4 * v + n;
+                $body;
+            }
+        }
+    };
+}
+
+/// `d[16]` f16 | 16 nibble-pair units of the low 4 bits | 8 units of 2-bit fields `h + 1`
+/// (the fifth bit `h`, so that [`Simd::high6`] gives `16 h − 16`). `w = (q − 16) × d`, `q`
+/// the 5-bit value: ggml's `x0 * d` with `x0 = q − 16`.
+impl Layout for Q5_0 {
+    const BLOCK: usize = 32;
+    const BYTES: usize = 416;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+        pack_pairs(dst, 32, 16, |j, i| nib32(&src[j][6..22], i));
+        pack_fields(dst, 288, 32, |j, i| high_bit(&src[j][2..6], i) + 1);
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        five_bit_groups!(S, t, k, 32, 288, 0, 8, |i, q| f
+            .take(i, &lanes!(S::zero(); c => S::mul(q[c], d[c]))));
+    }
+}
+
+/// `d[16]` f16 | `m[16]` f16 | 16 nibble-pair units | 8 units of 2-bit fields `h + 2`
+/// ([`Simd::high6`] gives `16 h`). `w = fma(q, d, m)`: `q d` is exact (5 × 11 bits), so
+/// this rounds where ggml's `x0 * d + m` does.
+impl Layout for Q5_1 {
+    const BLOCK: usize = 32;
+    const BYTES: usize = 448;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+        gather(src, 2, 2, dst, 32);
+        pack_pairs(dst, 64, 16, |j, i| nib32(&src[j][8..24], i));
+        pack_fields(dst, 320, 32, |j, i| high_bit(&src[j][4..8], i) + 2);
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        let m: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c].add(32)));
+        five_bit_groups!(S, t, k, 64, 320, 0, 8, |i, q| f
+            .take(i, &lanes!(S::zero(); c => S::fma(q[c], d[c], m[c]))));
+    }
+}
+
 /// ggml's 6-bit scale and min of sub-block `j` from the 12 packed bytes.
 fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
@@ -308,6 +408,58 @@ impl Layout for Q4K {
                     &lanes!(S::zero(); c => S::fma(q[c].1, d1[c], m1[c])),
                 );
             }
+        }
+    }
+}
+
+/// Q4_K's tile-block (`d`, `dmin`, unpacked scales and mins, 128 nibble-pair units) | 64
+/// units of 2-bit fields `h + 2` ([`Simd::high6`] gives `16 h`). Sub-block `s`:
+/// `w = fma(q, d × sc, (−dmin) × min)` with `q` in `0..32`; `q × d × sc` is exact (5 + 11 + 6
+/// bits), so this is ggml's `d1 * q − m1` bit for bit.
+impl Layout for Q5K {
+    const BLOCK: usize = 256;
+    const BYTES: usize = 3392;
+
+    fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
+        gather(src, 0, 2, dst, 0);
+        gather(src, 2, 2, dst, 32);
+        for s in 0..8 {
+            for (j, b) in src.iter().enumerate() {
+                let (sc, mn) = scale_min_k4(s, &b[4..16]);
+                dst[64 + TILE * s + j] = sc;
+                dst[192 + TILE * s + j] = mn;
+            }
+        }
+        // Weight i: 64-weight chunk i / 64 holds 32 bytes of `qs` (low nibbles its first
+        // 32) and bits 2 chunk (first 32) and 2 chunk + 1 of the 32 bytes of `qh`.
+        let split = |j: usize, i: usize| -> (u8, u8) {
+            let (chunk, r) = (i / 64, i % 64);
+            let (l, upper) = (r % 32, r >= 32);
+            let byte = src[j][48 + 32 * chunk + l];
+            let lo = if upper { byte >> 4 } else { byte & 0xF };
+            let bit = 2 * chunk + usize::from(upper);
+            (lo, (src[j][16 + l] >> bit) & 1)
+        };
+        pack_pairs(dst, 320, 128, |j, i| split(j, i).0);
+        pack_fields(dst, 2368, 256, |j, i| split(j, i).1 + 2);
+    }
+
+    #[inline(always)]
+    unsafe fn visit<S: Simd, const C: usize>(
+        t: &[*const u8; C],
+        k: S::Consts,
+        f: &mut impl Sink<S, C>,
+    ) {
+        let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
+        let nmin: [S::V; C] =
+            lanes!(S::zero(); c => S::mul(S::load_f16(t[c].add(32)), S::splat(-1.0)));
+        for s in 0..8 {
+            let d1: [S::V; C] =
+                lanes!(S::zero(); c => S::mul(d[c], S::load_u8(t[c].add(64 + TILE * s))));
+            let m1: [S::V; C] =
+                lanes!(S::zero(); c => S::mul(nmin[c], S::load_u8(t[c].add(192 + TILE * s))));
+            five_bit_groups!(S, t, k, 320, 2368, 8 * s, 8, |i, q| f
+                .take(i, &lanes!(S::zero(); c => S::fma(q[c], d1[c], m1[c]))));
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::simd::scalar::Scalar;
 #[derive(Debug, thiserror::Error)]
 pub enum QuantMatrixError {
     #[error(
-        "weight type {0} has no kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)"
+        "weight type {0} has no kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)"
     )]
     UnsupportedType(String),
     #[error("a {format:?} matrix needs columns in whole blocks of {block}, got {cols}")]
@@ -108,8 +108,11 @@ impl QuantMatrix {
             QuantFormat::BF16 => layout::BF16::pack,
             QuantFormat::Q4_0 => layout::Q4_0::pack,
             QuantFormat::Q4_1 => layout::Q4_1::pack,
+            QuantFormat::Q5_0 => layout::Q5_0::pack,
+            QuantFormat::Q5_1 => layout::Q5_1::pack,
             QuantFormat::Q8_0 => layout::Q8_0::pack,
             QuantFormat::Q4K => layout::Q4K::pack,
+            QuantFormat::Q5K => layout::Q5K::pack,
             QuantFormat::Q6K => layout::Q6K::pack,
         };
         let bb = format.block_bytes();
@@ -321,8 +324,11 @@ impl QuantMatrix {
             QuantFormat::BF16 => rows_of!(layout::BF16),
             QuantFormat::Q4_0 => rows_of!(layout::Q4_0),
             QuantFormat::Q4_1 => rows_of!(layout::Q4_1),
+            QuantFormat::Q5_0 => rows_of!(layout::Q5_0),
+            QuantFormat::Q5_1 => rows_of!(layout::Q5_1),
             QuantFormat::Q8_0 => rows_of!(layout::Q8_0),
             QuantFormat::Q4K => rows_of!(layout::Q4K),
+            QuantFormat::Q5K => rows_of!(layout::Q5K),
             QuantFormat::Q6K => rows_of!(layout::Q6K),
         }
     }

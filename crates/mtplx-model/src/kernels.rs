@@ -16,8 +16,11 @@ pub fn format_of(dtype: GgmlDType) -> Option<QuantFormat> {
         GgmlDType::BF16 => QuantFormat::BF16,
         GgmlDType::Q4_0 => QuantFormat::Q4_0,
         GgmlDType::Q4_1 => QuantFormat::Q4_1,
+        GgmlDType::Q5_0 => QuantFormat::Q5_0,
+        GgmlDType::Q5_1 => QuantFormat::Q5_1,
         GgmlDType::Q8_0 => QuantFormat::Q8_0,
         GgmlDType::Q4K => QuantFormat::Q4K,
+        GgmlDType::Q5K => QuantFormat::Q5K,
         GgmlDType::Q6K => QuantFormat::Q6K,
         _ => return None,
     })
@@ -31,8 +34,11 @@ pub fn ggml_dtype(format: QuantFormat) -> GgmlDType {
         QuantFormat::BF16 => GgmlDType::BF16,
         QuantFormat::Q4_0 => GgmlDType::Q4_0,
         QuantFormat::Q4_1 => GgmlDType::Q4_1,
+        QuantFormat::Q5_0 => GgmlDType::Q5_0,
+        QuantFormat::Q5_1 => GgmlDType::Q5_1,
         QuantFormat::Q8_0 => GgmlDType::Q8_0,
         QuantFormat::Q4K => GgmlDType::Q4K,
+        QuantFormat::Q5K => GgmlDType::Q5K,
         QuantFormat::Q6K => GgmlDType::Q6K,
     }
 }

@@ -140,9 +140,9 @@ fn bad_inputs_are_errors_not_panics() {
         "{r:?}"
     );
     let q = candle_core::quantized::QTensor::quantize(
-        &candle_core::Tensor::zeros((2, 32), candle_core::DType::F32, &candle_core::Device::Cpu)
+        &candle_core::Tensor::zeros((2, 256), candle_core::DType::F32, &candle_core::Device::Cpu)
             .unwrap(),
-        candle_core::quantized::GgmlDType::Q5_0,
+        candle_core::quantized::GgmlDType::Q3K,
     )
     .unwrap();
     let r = mtplx_model::kernels::from_qtensor(&q);

@@ -44,8 +44,8 @@ impl Rng {
 fn f16_fields(format: QuantFormat) -> &'static [usize] {
     match format {
         QuantFormat::F16 => &[0],
-        QuantFormat::Q4_0 | QuantFormat::Q8_0 => &[0],
-        QuantFormat::Q4_1 | QuantFormat::Q4K => &[0, 2],
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => &[0],
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
         QuantFormat::Q6K => &[208],
         QuantFormat::F32 | QuantFormat::BF16 => &[],
     }
