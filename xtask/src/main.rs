@@ -71,8 +71,9 @@ fn main() -> Result<()> {
             let b = mtplx_model::Bundle::load(&fetch_model()?, mtplx_model::WeightFormat::Native)?;
             mtp_corpus::run(&b, &args)?
         }
-        Task::Peer(args) => match std::env::var_os("MTPLX_TEST_MODEL") {
-            Some(m) if args.mtplx_only => peer::run(m.as_ref(), &args)?,
+        Task::Peer(args) => match (&args.model, std::env::var_os("MTPLX_TEST_MODEL")) {
+            (Some(m), _) => peer::run(m, &args)?,
+            (None, Some(m)) if args.mtplx_only => peer::run(m.as_ref(), &args)?,
             _ => peer::run(&fetch_model()?, &args)?,
         },
         Task::Tidy => tidy::run()?,

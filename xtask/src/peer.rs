@@ -39,6 +39,9 @@ pub struct PeerArgs {
     /// Repetitions of each measurement (the mean is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// The GGUF file both engines run [default: the default model, fetched].
+    #[arg(long)]
+    pub model: Option<PathBuf>,
     /// Measure mtplx only and print one JSON line (what the peer step runs in release).
     #[arg(long, hide = true)]
     pub mtplx_only: bool,
@@ -51,6 +54,7 @@ impl Default for PeerArgs {
             prompts: vec![512, 2048],
             gen: 128,
             reps: 3,
+            model: None,
             mtplx_only: false,
         }
     }
