@@ -16,17 +16,23 @@
 //! p[j] = exp(s[j] − m');  then, for j in order: l += p[j]; acc = fma(p[j], v[j], acc)
 //! ```
 //!
-//! with `exp` the polynomial [`exp`] (not libm's), and finally `out = acc × (1 / l)`.
-//! Every step is one IEEE operation or a fused multiply-add, so the AVX-512, AVX2 and
-//! portable builds of the kernel give the same bits.
+//! with `exp` the polynomial [`exp`] (not libm's). The blocks are folded in *spans* of
+//! [`ATTN_SPAN`] positions, aligned to absolute positions, each from a fresh state; the spans'
+//! states are then merged in position order (`m = max(m₁, m₂)`, `l = fma(l₂, c₂, l₁ c₁)`,
+//! `acc = fma(acc₂, c₂, acc₁ c₁)` with `cᵢ = exp(mᵢ − m)`), and finally
+//! `out = acc × (1 / l)`. Every step is one IEEE operation or a fused multiply-add, so the
+//! AVX-512, AVX2 and portable builds of the kernel give the same bits.
 //!
 //! # Speed
 //! Work is split over the shared [`Pool`] (the one the model's matrix kernels use) by KV
 //! head and by tiles of query heads: the query heads that share a KV head, for several
 //! consecutive positions, go through each key block together. The block's keys are
 //! transposed once into a `[head_dim][16]` tile so that the scores of 16 keys are one
-//! vector per query, with no horizontal sums. How queries are grouped is a speed choice
-//! only: each query head's operations are the ones above, in that order.
+//! vector per query, with no horizontal sums. When that gives the threads too few items (a
+//! decode step: one query, a few KV heads), each span becomes an item of its own, and the
+//! spans' states are merged after: the same merges, in the same order, as an item that
+//! folds every span itself. How queries are grouped and keys split is a speed choice only:
+//! each query head's operations are the ones above, in that order.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -41,6 +47,10 @@ pub mod non_invariant;
 pub const ATTN_BLOCK: usize = 16;
 /// The largest head dimension the kernel supports (scratch lives on the stack).
 pub const MAX_HEAD_DIM: usize = 256;
+/// Keys are folded in spans of this many positions (a multiple of [`ATTN_BLOCK`], aligned
+/// to absolute positions) and the spans merged in order: the unit a long context's keys are
+/// split over the threads by.
+pub const ATTN_SPAN: usize = 256;
 
 /// Random access to the K and V rows of one layer. A row holds all KV heads of one position
 /// (`kv_heads * head_dim` values).
@@ -157,30 +167,128 @@ pub fn attend_with<S: RowSource>(
     }
     let group = g.q_heads / g.kv_heads;
     let chunks = (n_q * group).div_ceil(TILE_VECTORS);
-    let items = g.kv_heads * chunks;
-    let next = AtomicUsize::new(0);
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let spans = (g.first_pos + n_q - 1) / ATTN_SPAN + 1;
     let isa = Isa::detect();
-    let parts = pool.threads().min(items);
-    pool.run(parts, &|_| loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= items {
-            break;
+    let items = g.kv_heads * chunks;
+    if items >= 2 * pool.threads() || spans == 1 {
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        // Enough items: each folds every span of its query heads and writes their output.
+        let next = AtomicUsize::new(0);
+        pool.run(pool.threads().min(items), &|_| loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= items {
+                break;
+            }
+            // The latest queries see the most keys: start with them.
+            let (chunk, kvh) = (chunks - 1 - i / g.kv_heads, i % g.kv_heads);
+            let item = Item::new(q, g, n_q, kvh, chunk, 0..usize::MAX);
+            // SAFETY: items write disjoint query heads of `out` (each query head belongs to
+            // one KV head and one chunk), and `out` outlives `run`; `isa` runs on this CPU.
+            unsafe { isa.run(src, &item, Dst::Out(out_ptr)) };
+        });
+        return;
+    }
+    // Few items (a decode step): one per span, each writing its query heads' span state to
+    // `partial`; then the spans merged in order, as an item folding them all would.
+    let slot = TILE_VECTORS * (g.head_dim + 2);
+    let split = items * spans;
+    SCRATCH.with(|cell| {
+        let mut partial = cell.borrow_mut();
+        partial.clear();
+        partial.resize(split * slot, 0.0);
+        let part = PartPtr(partial.as_mut_ptr());
+        let next = AtomicUsize::new(0);
+        pool.run(pool.threads().min(split), &|_| loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= split {
+                break;
+            }
+            // The newest span first: it has the most query heads.
+            let (span, at) = (spans - 1 - i / items, i % items);
+            let (chunk, kvh) = (at / g.kv_heads, at % g.kv_heads);
+            let keys = span * ATTN_SPAN..(span + 1) * ATTN_SPAN;
+            let item = Item::new(q, g, n_q, kvh, chunk, keys);
+            // SAFETY: each item writes its own slot of `partial`, which outlives `run`.
+            let dst = unsafe { part.at((span * items + at) * slot) };
+            unsafe { isa.run(src, &item, Dst::Partial(dst)) };
+        });
+        for at in 0..items {
+            let (chunk, kvh) = (at / g.kv_heads, at % g.kv_heads);
+            let item = Item::new(q, g, n_q, kvh, chunk, 0..usize::MAX);
+            let hd = g.head_dim;
+            for v in 0..item.vectors.len() {
+                let read = |span: usize| {
+                    let base = (span * items + at) * slot + v * (hd + 2);
+                    let st = State {
+                        m: partial[base],
+                        l: partial[base + 1],
+                    };
+                    (st, &partial[base + 2..base + 2 + hd])
+                };
+                let (mut st, first) = read(0);
+                let mut acc = first.to_vec();
+                for span in 1..=item.pos_of(v) / ATTN_SPAN {
+                    let (other, other_acc) = read(span);
+                    merge(&mut st, &mut acc, other, other_acc);
+                }
+                // SAFETY: query head `v` of this item's output row, written by nothing else.
+                let o =
+                    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().add(item.at(v)), hd) };
+                finish(st, &acc, o);
+            }
         }
-        // The latest queries see the most keys: start with them.
-        let (chunk, kvh) = (chunks - 1 - i / g.kv_heads, i % g.kv_heads);
-        let first = chunk * TILE_VECTORS;
-        let item = Item {
-            q,
-            g,
-            n_q,
-            kvh,
-            vectors: first..(first + TILE_VECTORS).min(n_q * group),
-        };
-        // SAFETY: items write disjoint query heads of `out` (each query head belongs to one
-        // KV head and one chunk), and `out` outlives `run`; `isa` runs on this CPU.
-        unsafe { isa.run(src, &item, out_ptr) };
     });
+}
+
+thread_local! {
+    /// The span states of a split call, reused from call to call.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Where an item's results go.
+#[derive(Clone, Copy)]
+enum Dst {
+    /// Its query heads' outputs.
+    Out(OutPtr),
+    /// Its query heads' states for its one span: per query head `m`, `l`, `acc`.
+    Partial(*mut f32),
+}
+
+/// The span states of a split call, shared by the workers, each writing its own slot.
+#[derive(Clone, Copy)]
+struct PartPtr(*mut f32);
+// SAFETY: workers write disjoint slots (see `attend_with`).
+unsafe impl Send for PartPtr {}
+unsafe impl Sync for PartPtr {}
+
+impl PartPtr {
+    /// # Safety
+    /// `offset` is inside the scratch.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        self.0.add(offset)
+    }
+}
+
+/// Merges span state `b` (the next span) into `a`: the one formula both the in-item fold
+/// and the split call use, so they give the same bits.
+#[inline(always)]
+fn merge(a: &mut State, acc: &mut [f32], b: State, b_acc: &[f32]) {
+    let m = a.m.max(b.m);
+    let (ca, cb) = (exp(a.m - m), exp(b.m - m));
+    a.l = b.l.mul_add(cb, a.l * ca);
+    for (x, &y) in acc.iter_mut().zip(b_acc) {
+        *x = y.mul_add(cb, *x * ca);
+    }
+    a.m = m;
+}
+
+/// `out = acc × (1 / l)`.
+#[inline(always)]
+fn finish(st: State, acc: &[f32], out: &mut [f32]) {
+    let inv = 1.0 / st.l;
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a * inv;
+    }
 }
 
 /// `out`, shared by the workers, each writing its own query heads.
@@ -190,7 +298,8 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// One work item: a run of the query heads (position-major) that share KV head `kvh`.
+/// One work item: a run of the query heads (position-major) that share KV head `kvh`, over
+/// the keys at positions in `keys` (every key they see, or one span of them).
 struct Item<'a> {
     q: &'a [f32],
     g: AttnGeometry,
@@ -198,6 +307,44 @@ struct Item<'a> {
     kvh: usize,
     /// Indices `qi * group + h` into the `n_q × group` query heads of this KV head.
     vectors: std::ops::Range<usize>,
+    keys: std::ops::Range<usize>,
+}
+
+impl<'a> Item<'a> {
+    fn new(
+        q: &'a [f32],
+        g: AttnGeometry,
+        n_q: usize,
+        kvh: usize,
+        chunk: usize,
+        keys: std::ops::Range<usize>,
+    ) -> Self {
+        let group = g.q_heads / g.kv_heads;
+        let first = chunk * TILE_VECTORS;
+        Item {
+            q,
+            g,
+            n_q,
+            kvh,
+            vectors: first..(first + TILE_VECTORS).min(n_q * group),
+            keys,
+        }
+    }
+
+    /// The position of the item's query head `v`.
+    fn pos_of(&self, v: usize) -> usize {
+        self.g.first_pos + (self.vectors.start + v) / (self.g.q_heads / self.g.kv_heads)
+    }
+
+    /// Where query head `v`'s q and out rows start.
+    fn at(&self, v: usize) -> usize {
+        let group = self.g.q_heads / self.g.kv_heads;
+        let (qi, h) = (
+            (self.vectors.start + v) / group,
+            (self.vectors.start + v) % group,
+        );
+        (qi * self.g.q_heads + self.kvh * group + h) * self.g.head_dim
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -232,7 +379,7 @@ impl Isa {
 
     /// # Safety
     /// As [`item`]; `self` came from [`Isa::detect`].
-    unsafe fn run<S: RowSource>(self, src: &S, it: &Item<'_>, out: OutPtr) {
+    unsafe fn run<S: RowSource>(self, src: &S, it: &Item<'_>, out: Dst) {
         match self {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => item_avx512(src, it, out),
@@ -245,13 +392,13 @@ impl Isa {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn item_avx512<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
+unsafe fn item_avx512<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
     item(src, it, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn item_avx2<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
+unsafe fn item_avx2<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
     item(src, it, out)
 }
 
@@ -262,40 +409,52 @@ struct State {
     l: f32,
 }
 
-/// Runs one work item: every key block up to the newest query's position, in order, for all
-/// of the item's query heads.
+/// Runs one work item: every key block of its keys up to the newest query's position, in
+/// order, for all of the item's query heads; a new span starts each from a fresh state, the
+/// finished one merged into what came before.
 ///
 /// # Safety
-/// `out` points to the `out` of [`attend_with`]; no other thread writes these query heads.
+/// `out` points to the `out` of [`attend_with`] (or a slot of its span states); no other
+/// thread writes these query heads.
 #[inline(always)]
-unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
+unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
     let g = it.g;
     let hd = g.head_dim;
     let row = g.kv_heads * hd;
-    let group = g.q_heads / g.kv_heads;
     let off = it.kvh * hd;
     let nv = it.vectors.len();
-    debug_assert!(it.vectors.end <= it.n_q * group);
-    // Query head `v` of the item: its position, and where its q and out rows start.
-    let pos_of = |v: usize| g.first_pos + (it.vectors.start + v) / group;
-    let at = |v: usize| {
-        let (qi, h) = (
-            (it.vectors.start + v) / group,
-            (it.vectors.start + v) % group,
-        );
-        (qi * g.q_heads + it.kvh * group + h) * hd
-    };
-    let mut st = [State {
+    debug_assert!(it.vectors.end <= it.n_q * g.q_heads / g.kv_heads);
+    let fresh = State {
         m: f32::NEG_INFINITY,
         l: 0.0,
-    }; TILE_VECTORS];
+    };
+    let mut st = [fresh; TILE_VECTORS];
     let mut acc = [0f32; TILE_VECTORS * MAX_HEAD_DIM];
+    // The spans before the current one, merged (`None`: still in the first).
+    let mut merged = [None::<State>; TILE_VECTORS];
+    let mut macc = [0f32; TILE_VECTORS * MAX_HEAD_DIM];
     let mut kt = [0f32; MAX_HEAD_DIM * ATTN_BLOCK];
     let mut vrows: [&[f32]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
-    let last = pos_of(nv - 1);
-    let mut start = 0;
+    let last = it.pos_of(nv - 1).min(it.keys.end - 1);
+    let mut start = it.keys.start;
     while start <= last {
         let nb = ATTN_BLOCK.min(last + 1 - start);
+        // Query heads whose position is before the block are done: they form a prefix.
+        let first_active = (0..nv).find(|&v| it.pos_of(v) >= start).unwrap_or(nv);
+        if start.is_multiple_of(ATTN_SPAN) && start > it.keys.start {
+            for v in first_active..nv {
+                let (a, ma) = (&acc[v * hd..(v + 1) * hd], &mut macc[v * hd..(v + 1) * hd]);
+                match &mut merged[v] {
+                    Some(m) => merge(m, ma, st[v], a),
+                    None => {
+                        merged[v] = Some(st[v]);
+                        ma.copy_from_slice(a);
+                    }
+                }
+                st[v] = fresh;
+                acc[v * hd..(v + 1) * hd].fill(0.0);
+            }
+        }
         // The block's keys, transposed; its values, by row.
         let run = src.run(start).filter(|(ks, _)| ks.len() >= nb * row);
         for j in 0..nb {
@@ -311,19 +470,17 @@ unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
             }
             vrows[j] = v;
         }
-        // Query heads whose position is before the block are done: they form a prefix.
-        let first_active = (0..nv).find(|&v| pos_of(v) >= start).unwrap_or(nv);
         let mut v0 = first_active;
         while v0 < nv {
             let take = GROUP.min(nv - v0);
             let qs: [&[f32]; GROUP] = std::array::from_fn(|r| {
-                let base = at(v0 + r.min(take - 1));
+                let base = it.at(v0 + r.min(take - 1));
                 &it.q[base..base + hd]
             });
             let scores = scores(&qs, &kt[..hd * ATTN_BLOCK], g.scale);
             for (r, sc) in scores.iter().enumerate().take(take) {
                 let v = v0 + r;
-                let n = nb.min(pos_of(v) + 1 - start);
+                let n = nb.min(it.pos_of(v) + 1 - start);
                 let a = &mut acc[v * hd..(v + 1) * hd];
                 fold(&mut st[v], a, sc, n, &vrows);
             }
@@ -331,12 +488,30 @@ unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: OutPtr) {
         }
         start += nb;
     }
-    for (v, s) in st[..nv].iter().enumerate() {
-        let inv = 1.0 / s.l;
-        // SAFETY: query head `v`'s output row, written only by this item (see above).
-        let o = std::slice::from_raw_parts_mut(out.0.add(at(v)), hd);
-        for (o, a) in o.iter_mut().zip(&acc[v * hd..(v + 1) * hd]) {
-            *o = a * inv;
+    for v in 0..nv {
+        let a = &acc[v * hd..(v + 1) * hd];
+        match out {
+            Dst::Out(out) => {
+                // SAFETY: query head `v`'s output row, written only by this item (see above).
+                let o = std::slice::from_raw_parts_mut(out.0.add(it.at(v)), hd);
+                match &mut merged[v] {
+                    Some(m) => {
+                        let ma = &mut macc[v * hd..(v + 1) * hd];
+                        merge(m, ma, st[v], a);
+                        finish(*m, ma, o);
+                    }
+                    None => finish(st[v], a, o),
+                }
+            }
+            // Query heads before the span saw none of its keys: nothing to write.
+            Dst::Partial(_) if it.pos_of(v) < it.keys.start => {}
+            Dst::Partial(p) => {
+                // SAFETY: this item's own slot, `TILE_VECTORS × (hd + 2)` long.
+                let slot = std::slice::from_raw_parts_mut(p.add(v * (hd + 2)), hd + 2);
+                slot[0] = st[v].m;
+                slot[1] = st[v].l;
+                slot[2..].copy_from_slice(a);
+            }
         }
     }
 }
@@ -465,7 +640,7 @@ mod tests {
         }
         fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
             // Runs of 21 rows, so blocks of 16 straddle them; none in the third run.
-            let (r, end) = (start / 21, (start / 21 + 1) * 21);
+            let (r, end) = (start / 21, ((start / 21 + 1) * 21).min(self.0.len() / self.2));
             (r != 2).then(|| {
                 (
                     &self.0[start * self.2..end * self.2],
@@ -509,6 +684,75 @@ mod tests {
             let qi = &q[i * per_q..(i + 1) * per_q];
             attend(&Runs(&k, &v, row), qi, g(n - n_q + i), &mut one);
             assert_eq!(bits(&one), bits(&by_rows[i * per_q..(i + 1) * per_q]));
+        }
+    }
+
+    /// Past one span the keys are folded span by span and merged: a decode step split over
+    /// the threads by span, the same query inside a prefill batch (one item folding every
+    /// span), any pool size and the naive softmax all agree (the first three bit for bit).
+    #[test]
+    fn spans_split_over_threads_give_the_unsplit_bits() {
+        let (kv_heads, hd, n) = (3, 16, 3 * ATTN_SPAN + 37);
+        let q_heads = 9;
+        let row = kv_heads * hd;
+        let val = |i: usize, s: f32| ((i * 13) as f32 * s).sin();
+        let k: Vec<f32> = (0..n * row).map(|i| val(i, 0.31)).collect();
+        let v: Vec<f32> = (0..n * row).map(|i| val(i, 0.17)).collect();
+        let rows = Rows {
+            k: k.chunks(row).map(<[f32]>::to_vec).collect(),
+            v: v.chunks(row).map(<[f32]>::to_vec).collect(),
+        };
+        let g = |first_pos| AttnGeometry {
+            q_heads,
+            kv_heads,
+            head_dim: hd,
+            first_pos,
+            scale: 0.3,
+        };
+        let per_q = q_heads * hd;
+        // A batch of 40 queries ending at the last key: many items, no split.
+        let n_q = 40;
+        let q: Vec<f32> = (0..n_q * per_q).map(|i| val(i, 0.7) * 3.0).collect();
+        let mut batch = vec![0f32; q.len()];
+        attend_with(&Pool::new(2), &rows, &q, g(n - n_q), &mut batch);
+        let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for i in [0, ATTN_SPAN - (n - n_q) % ATTN_SPAN, n_q - 1] {
+            let qi = &q[i * per_q..(i + 1) * per_q];
+            let want = bits(&batch[i * per_q..(i + 1) * per_q]);
+            // One query alone: split by span on 2 and 3 threads, not on 1.
+            for threads in [1, 2, 3] {
+                let mut one = vec![0f32; per_q];
+                attend_with(
+                    &Pool::new(threads),
+                    &Runs(&k, &v, row),
+                    qi,
+                    g(n - n_q + i),
+                    &mut one,
+                );
+                assert_eq!(bits(&one), want, "query {i}, {threads} threads");
+            }
+            for h in 0..q_heads {
+                let kvh = h / (q_heads / kv_heads);
+                let head = Rows {
+                    k: rows
+                        .k
+                        .iter()
+                        .map(|r| r[kvh * hd..(kvh + 1) * hd].to_vec())
+                        .collect(),
+                    v: rows
+                        .v
+                        .iter()
+                        .map(|r| r[kvh * hd..(kvh + 1) * hd].to_vec())
+                        .collect(),
+                };
+                let exact = naive(&head, &qi[h * hd..(h + 1) * hd], n - n_q + i, hd, 0.3);
+                for (a, b) in batch[i * per_q + h * hd..][..hd].iter().zip(&exact) {
+                    assert!(
+                        (*a as f64 - b).abs() < 1e-5,
+                        "query {i} head {h}: {a} vs {b}"
+                    );
+                }
+            }
         }
     }
 
