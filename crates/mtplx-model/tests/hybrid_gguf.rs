@@ -1,10 +1,12 @@
 //! Hybrid GGUF files (`mtplx_model::hybrid::gguf`, llama.cpp's `qwen35` names): what is
 //! written reads back to the same model as the Hugging Face folder of the same weights
-//! (every weight bit for bit but `A_log`, whose decay rate is; the same logits bit for
-//! bit), the file holds llama.cpp's layout (read here without the loader: tiled value
-//! heads, `-exp(A_log)`, interleaved `attn_q`), and a file that is truncated, incomplete,
-//! misshapen, of experts or of another architecture is an error that names what is wrong.
-//! The float64 reference check of a GGUF-loaded model is in `tests/hybrid_reference.rs`.
+//! (every weight bit for bit but `A_log`, whose decay rate is; the MTP head too; the same
+//! logits and the same MTP drafts bit for bit), the file holds llama.cpp's layout (read
+//! here without the loader: tiled value heads, `-exp(A_log)`, interleaved `attn_q`, the
+//! MTP head as the `nextn` block `blk.{num_layers}`), and a file that is truncated,
+//! incomplete, misshapen, of experts or of another architecture is an error that names
+//! what is wrong. The float64 reference check of a GGUF-loaded model is in
+//! `tests/hybrid_reference.rs`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,10 +14,13 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{self, Value};
 use mtplx_kv::{CacheFactory, Sequence};
 use mtplx_model::hybrid::gguf::{self, Arch};
+use mtplx_model::hybrid::LayerKind;
 use mtplx_model::hybrid::{hf, synthetic, HybridConfig, HybridModel, HybridWeights, MixerWeights};
+use mtplx_model::mtp::MtpRunner;
+use mtplx_model::sampling::argmax;
 use mtplx_model::source::GgufSource;
 use mtplx_model::tokenizer::{Special, Tokenizer};
-use mtplx_model::{Bundle, ModelError, Want, WeightFormat};
+use mtplx_model::{Bundle, LanguageModel, ModelError, Want, WeightFormat};
 
 fn logits(model: &dyn mtplx_model::LanguageModel, ids: &[u32]) -> Vec<f32> {
     let mut seq = Sequence::new(&CacheFactory::contiguous(), &model.state_shape());
@@ -60,16 +65,20 @@ fn a_saved_file_loads_back_to_the_same_model_as_the_folder() {
         let (dir, file) = saved(&config, 5, arch);
         let (c, w) = gguf::load(&file).unwrap();
         assert_eq!(c, config, "{arch:?}");
-        // A GGUF file keeps no MTP head (llama.cpp's `nextn` blocks are not read).
-        assert_eq!(w.mtp, None);
-        let trunk = HybridWeights {
-            mtp: None,
-            ..weights.clone()
+        assert!(weights.mtp.is_some(), "seeded weights carry an MTP head");
+        // `qwen35` carries the MTP head as its `nextn` block; `qwen3next` drops it, as
+        // llama.cpp's converter does.
+        let want = match arch {
+            Arch::Qwen35 => weights.clone(),
+            Arch::Qwen3Next => HybridWeights {
+                mtp: None,
+                ..weights.clone()
+            },
         };
         assert_eq!(
             rates(&w),
-            rates(&trunk),
-            "{arch:?}: every weight, bit for bit"
+            rates(&want),
+            "{arch:?}: every weight, the MTP head's too, bit for bit"
         );
         let folder = dir.path().join("hf");
         hf::save(&folder, &config, &weights).unwrap();
@@ -204,13 +213,199 @@ fn the_file_holds_llama_cpp_qwen35_layout() {
     assert_eq!(t["token_embd.weight"].0, [c.vocab_size, h]);
 }
 
+#[test]
+fn the_file_holds_the_mtp_head_as_llama_cpp_nextn_block() {
+    // Written from docs/hybrid-checkpoints.md §4 (llama.cpp's `_Qwen35MtpMixin`), not from
+    // the loader: `mtp.layers.0.*` is block `blk.{num_layers}` under a full-attention
+    // block's names, with `nextn.eh_proj` (`mtp.fc`), `nextn.enorm`, `nextn.hnorm` and
+    // `nextn.shared_head_norm`; norms as the multiplier; `block_count` counts the block.
+    let c = HybridConfig::tiny();
+    let w = HybridWeights::random(&c, 11);
+    let m = w.mtp.as_ref().unwrap();
+    let (_dir, file) = saved(&c, 11, Arch::Qwen35);
+    let md = read_content(&file).metadata;
+    let int = |k: &str| md[&format!("qwen35.{k}")].to_u32().unwrap() as usize;
+    let n = c.num_layers;
+    assert_eq!(int("block_count"), n + 1);
+    assert_eq!(int("nextn_predict_layers"), 1);
+    let t = raw_tensors(&file);
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let (nh, hd) = (c.num_attention_heads, c.head_dim);
+    let kv = c.num_key_value_heads * hd;
+    let MixerWeights::FullAttention(a) = &m.layer.mixer else {
+        panic!("the MTP layer is attention")
+    };
+    let mut q = Vec::new();
+    for head in 0..nh {
+        q.extend_from_slice(&a.q_proj[head * hd * h..(head + 1) * hd * h]);
+        q.extend_from_slice(&a.q_proj[(nh + head) * hd * h..(nh + head + 1) * hd * h]);
+    }
+    let want: Vec<(&str, Vec<usize>, &[f32])> = vec![
+        ("attn_norm.weight", vec![h], &m.layer.input_norm),
+        ("attn_q.weight", vec![2 * nh * hd, h], &q),
+        ("attn_k.weight", vec![kv, h], &a.k_proj),
+        ("attn_v.weight", vec![kv, h], &a.v_proj),
+        ("attn_output.weight", vec![h, nh * hd], &a.o_proj),
+        ("attn_q_norm.weight", vec![hd], &a.q_norm),
+        ("attn_k_norm.weight", vec![hd], &a.k_norm),
+        (
+            "post_attention_norm.weight",
+            vec![h],
+            &m.layer.post_attention_norm,
+        ),
+        ("ffn_gate.weight", vec![i, h], &m.layer.mlp.gate),
+        ("ffn_up.weight", vec![i, h], &m.layer.mlp.up),
+        ("ffn_down.weight", vec![h, i], &m.layer.mlp.down),
+        ("nextn.eh_proj.weight", vec![h, 2 * h], &m.fc),
+        ("nextn.enorm.weight", vec![h], &m.pre_fc_norm_embedding),
+        ("nextn.hnorm.weight", vec![h], &m.pre_fc_norm_hidden),
+        ("nextn.shared_head_norm.weight", vec![h], &m.norm),
+    ];
+    let prefix = format!("blk.{n}.");
+    let mut names: Vec<&str> = t.keys().filter_map(|k| k.strip_prefix(&prefix)).collect();
+    names.sort();
+    let mut expected: Vec<&str> = want.iter().map(|(name, ..)| *name).collect();
+    expected.sort();
+    assert_eq!(names, expected, "the nextn block's tensors, and no others");
+    for (name, shape, data) in &want {
+        let (got_shape, got) = &t[&format!("{prefix}{name}")];
+        assert_eq!(got_shape, shape, "{name}");
+        assert_eq!(got.as_slice(), *data, "{name}");
+    }
+    assert!(t.keys().all(|k| !k.starts_with(&format!("blk.{}.", n + 1))));
+
+    // `qwen3next`: llama.cpp's converter drops the MTP tensors, and so does the writer.
+    let (_dir, file) = saved(&c, 11, Arch::Qwen3Next);
+    let md = read_content(&file).metadata;
+    assert_eq!(md["qwen3next.block_count"].to_u32().unwrap() as usize, n);
+    assert!(!md.contains_key("qwen3next.nextn_predict_layers"));
+    assert!(raw_tensors(&file).keys().all(|k| !k.starts_with(&prefix)));
+}
+
+#[test]
+fn only_the_first_nextn_block_is_read() {
+    // A file declaring two `nextn` blocks: the trunk keeps its layers, the head is the
+    // first block's, the second is ignored.
+    let c = HybridConfig::tiny();
+    let w = HybridWeights::random(&c, 4);
+    let n = c.num_layers;
+    let mut md = gguf::metadata(&c, &w, Arch::Qwen35).unwrap();
+    for (k, v) in md.iter_mut() {
+        match k.as_str() {
+            "qwen35.block_count" => *v = Value::U32(n as u32 + 2),
+            "qwen35.nextn_predict_layers" => *v = Value::U32(2),
+            _ => {}
+        }
+    }
+    let mut ts = gguf::tensors(&c, &w, Arch::Qwen35);
+    let second: Vec<_> = ts
+        .iter()
+        .filter_map(|(name, shape, data)| {
+            let rest = name.strip_prefix(&format!("blk.{n}."))?;
+            Some((
+                format!("blk.{}.{rest}", n + 1),
+                shape.clone(),
+                vec![0.5; data.len()],
+            ))
+        })
+        .collect();
+    ts.extend(second);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("two.gguf");
+    gguf::write_file(&file, &md, &ts).unwrap();
+    let (back_c, back) = gguf::load(&file).unwrap();
+    assert_eq!(back_c, c);
+    assert_eq!(rates(&back), rates(&w));
+}
+
+#[test]
+fn a_missing_or_misshapen_nextn_tensor_is_named() {
+    let n = HybridConfig::tiny().num_layers;
+    for name in [
+        "nextn.eh_proj.weight",
+        "nextn.enorm.weight",
+        "nextn.hnorm.weight",
+        "nextn.shared_head_norm.weight",
+        "attn_q.weight",
+        "ffn_down.weight",
+    ] {
+        let name = format!("blk.{n}.{name}");
+        let err = edited(|_, ts| ts.retain(|(t, ..)| *t != name));
+        assert!(
+            matches!(&err, ModelError::MissingTensor { tensor, .. } if *tensor == name),
+            "{name}: {err}"
+        );
+    }
+    let name = format!("blk.{n}.nextn.eh_proj.weight");
+    let err = edited(|_, ts| {
+        let t = ts.iter_mut().find(|(t, ..)| *t == name).unwrap();
+        t.1 = vec![t.1[1], t.1[0]];
+    });
+    assert!(
+        matches!(&err, ModelError::TensorShape { tensor, .. } if *tensor == name),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_gguf_files_mtp_head_drafts_what_the_folders_does() {
+    let config = HybridConfig::tiny();
+    let weights = HybridWeights::random(&config, 5);
+    let (dir, file) = saved(&config, 5, Arch::Qwen35);
+    let folder = dir.path().join("hf");
+    hf::save(&folder, &config, &weights).unwrap();
+    let from_gguf = HybridModel::load(&file).unwrap();
+    let from_folder = HybridModel::load(&folder).unwrap();
+    // The prompt's trunk rows, the head over them, then three greedy draft steps each
+    // fed the previous step's row and token.
+    let drafts = |model: &HybridModel| {
+        let head = model.mtp_head().expect("the file's MTP head");
+        let ids = tokens(24, config.vocab_size);
+        let n = ids.len();
+        let mut seq = Sequence::new(&CacheFactory::contiguous(), &model.state_shape());
+        let out = model.forward(&ids, &mut seq, Want::All).unwrap();
+        let mut next = ids[1..].to_vec();
+        next.push(argmax(out.logits_row(n - 1)) as u32);
+        let mut hidden = out.hidden.clone();
+        head.prepare_trunk_rows(&mut hidden);
+        let mut cache = CacheFactory::contiguous().new_cache(head.kv_shape());
+        let (mut x, mut logits) = head
+            .last_row(model, &hidden, &next, cache.as_mut(), 0)
+            .unwrap();
+        let mut steps = vec![(x.clone(), logits.clone())];
+        for i in 0..3 {
+            let t = argmax(&logits) as u32;
+            (x, logits) = head
+                .last_row(model, &x, &[t], cache.as_mut(), n + i)
+                .unwrap();
+            steps.push((x.clone(), logits.clone()));
+        }
+        steps
+    };
+    assert_eq!(
+        drafts(&from_gguf),
+        drafts(&from_folder),
+        "the same rows and scores, bit for bit"
+    );
+    // By `full_attention_interval` a block of that index would be a gated delta net: the
+    // `nextn` block is read as attention all the same.
+    let by_interval = HybridConfig {
+        layer_types: None,
+        ..config.clone()
+    };
+    assert_eq!(
+        by_interval.layer_kind(config.num_layers),
+        LayerKind::GatedDeltaNet
+    );
+}
+
 /// The file's metadata and tensors, `edit`ed, written to a new file; its load error.
 fn edited(
     edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<usize>, Vec<f32>)>),
 ) -> ModelError {
     let c = HybridConfig::tiny();
     let w = HybridWeights::random(&c, 4);
-    let mut md = gguf::metadata(&c, Arch::Qwen35).unwrap();
+    let mut md = gguf::metadata(&c, &w, Arch::Qwen35).unwrap();
     let mut ts = gguf::tensors(&c, &w, Arch::Qwen35);
     edit(&mut md, &mut ts);
     let dir = tempfile::tempdir().unwrap();

@@ -29,7 +29,24 @@
 //! with `linear_key_head_dim != linear_value_head_dim` is refused, as are layer types that
 //! `full_attention_interval` cannot express, attention value heads of another width than
 //! the key heads, routed experts (named by their tensor), attention biases and the legacy
-//! fused `ssm_in`. Multi-token-prediction blocks (`nextn_predict_layers`) are not read.
+//! fused `ssm_in`.
+//!
+//! **The MTP head** ([`HybridWeights::mtp`]) is llama.cpp's `nextn` block, as its `qwen35`
+//! converter (`_Qwen35MtpMixin`) writes it: `{arch}.nextn_predict_layers` is 1,
+//! `{arch}.block_count` counts it (`num_layers + 1`), and block `blk.{num_layers}` holds
+//! the head's decoder layer under a full-attention block's names (`attn_norm`, `attn_q`
+//! interleaved as the trunk's, `attn_k`, `attn_v`, `attn_output`, `attn_q_norm`,
+//! `attn_k_norm`, `post_attention_norm`, `ffn_gate`/`ffn_up`/`ffn_down`) with
+//! `nextn.eh_proj` (`mtp.fc`, `[H, 2H]`, input `[embedding ⊕ hidden]`), `nextn.enorm`
+//! (`pre_fc_norm_embedding`), `nextn.hnorm` (`pre_fc_norm_hidden`) and
+//! `nextn.shared_head_norm` (`mtp.norm`), every norm as the multiplier like the trunk's.
+//! - Reading takes the first `nextn` block only (Qwen3.5 publishes one; llama.cpp's graph
+//!   runs one); a missing or misshapen tensor of it is an error that names it. A block's
+//!   own `nextn.embed_tokens` / `nextn.shared_head_head` are not read: the head uses the
+//!   trunk's embedding and output head (the same tensors in Qwen3.5).
+//! - Writing adds the block under `qwen35` only. llama.cpp's `qwen3next` converter drops
+//!   the MTP tensors, so a `qwen3next` file is written without them; one that declares
+//!   `nextn` blocks anyway is read as a `qwen35` one is.
 
 use std::path::Path;
 
@@ -41,7 +58,7 @@ use crate::error::{ModelError, Result};
 use crate::hybrid::config::{HybridConfig, LayerKind};
 use crate::hybrid::hf::{permute, tensor, RowMaps};
 use crate::hybrid::weights::{
-    AttentionWeights, GdnWeights, HybridWeights, LayerWeights, MixerWeights, MlpWeights,
+    AttentionWeights, GdnWeights, HybridWeights, LayerWeights, MixerWeights, MlpWeights, MtpWeights,
 };
 use crate::source::{GgufSource, WeightSource};
 use crate::tokenizer::Tokenizer;
@@ -352,107 +369,152 @@ fn a_log_of(rate: f32) -> f32 {
 }
 
 fn weights(src: &mut GgufSource, c: &HybridConfig, arch: Arch) -> Result<HybridWeights> {
-    let path = src.path().to_path_buf();
-    let maps = RowMaps::new(c);
-    let heads = v_heads(c, arch);
-    let (h, vocab, inter) = (c.hidden_size, c.vocab_size, c.intermediate_size);
-    let (kd, vd, nv, dv) = (
-        c.linear_key_dim(),
-        c.linear_value_dim(),
-        c.linear_num_value_heads,
-        c.linear_value_head_dim,
-    );
+    let (h, vocab) = (c.hidden_size, c.vocab_size);
     let embed = tensor(src, "token_embd.weight", &[vocab, h])?;
-    let mut layers = Vec::with_capacity(c.num_layers);
-    for l in 0..c.num_layers {
-        let mut t = |name: &str, shape: &[usize]| tensor(src, &format!("blk.{l}.{name}"), shape);
-        let input_norm = t("attn_norm.weight", &[h])?;
-        let mixer = match c.layer_kind(l) {
-            LayerKind::GatedDeltaNet => {
-                let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
-                let qkv = t("attn_qkv.weight", &[2 * kd + vd, h])?;
-                let z = t("attn_gate.weight", &[vd, h])?;
-                let mut in_proj_qkvz = permute(&qkv, h, &rows(&heads, dv, 2 * kd), false);
-                in_proj_qkvz.extend(permute(&z, h, &rows(&heads, dv, 0), false));
-                let in_proj_ba = match arch {
-                    Arch::Qwen35 => {
-                        let mut ba = permute(&t("ssm_beta.weight", &[nv, h])?, h, &heads, false);
-                        ba.extend(permute(&t("ssm_alpha.weight", &[nv, h])?, h, &heads, false));
-                        ba
-                    }
-                    Arch::Qwen3Next => {
-                        permute(&t("ssm_ba.weight", &[2 * nv, h])?, h, &maps.ba, false)
-                    }
-                };
-                let ssm_a = t("ssm_a", &[nv])?;
-                if let Some(x) = ssm_a.iter().find(|x| !(x.is_finite() && **x < 0.0)) {
-                    return Err(ModelError::BadTensor {
-                        path: path.clone(),
-                        tensor: format!("blk.{l}.ssm_a"),
-                        reason: format!("holds {x}: `-exp(A_log)` is negative"),
-                    });
-                }
-                let a_log: Vec<f32> = ssm_a.iter().map(|&s| a_log_of(-s)).collect();
-                MixerWeights::GatedDeltaNet(GdnWeights {
-                    in_proj_qkvz,
-                    in_proj_ba,
-                    conv1d: permute(
-                        &t("ssm_conv1d.weight", &[conv, kernel])?,
-                        kernel,
-                        &rows(&heads, dv, 2 * kd),
-                        false,
-                    ),
-                    dt_bias: permute(&t("ssm_dt.bias", &[nv])?, 1, &heads, false),
-                    a_log: permute(&a_log, 1, &heads, false),
-                    norm: t("ssm_norm.weight", &[dv])?,
-                    out_proj: permute_cols(
-                        &t("ssm_out.weight", &[h, vd])?,
-                        vd,
-                        &rows(&heads, dv, 0),
-                        false,
-                    ),
-                })
-            }
-            LayerKind::FullAttention => {
-                let (q, kv, hd) = (
-                    c.num_attention_heads * c.head_dim,
-                    c.num_key_value_heads * c.head_dim,
-                    c.head_dim,
-                );
-                MixerWeights::FullAttention(AttentionWeights {
-                    q_proj: permute(&t("attn_q.weight", &[2 * q, h])?, h, &maps.q, false),
-                    k_proj: t("attn_k.weight", &[kv, h])?,
-                    v_proj: t("attn_v.weight", &[kv, h])?,
-                    o_proj: t("attn_output.weight", &[h, q])?,
-                    q_norm: t("attn_q_norm.weight", &[hd])?,
-                    k_norm: t("attn_k_norm.weight", &[hd])?,
-                })
-            }
-        };
-        layers.push(LayerWeights {
-            input_norm,
-            mixer,
-            post_attention_norm: t("post_attention_norm.weight", &[h])?,
-            mlp: MlpWeights {
-                gate: t("ffn_gate.weight", &[inter, h])?,
-                up: t("ffn_up.weight", &[inter, h])?,
-                down: t("ffn_down.weight", &[h, inter])?,
-            },
-        });
-    }
+    let layers = (0..c.num_layers)
+        .map(|l| read_layer(src, c, arch, l, c.layer_kind(l)))
+        .collect::<Result<Vec<_>>>()?;
     let final_norm = tensor(src, "output_norm.weight", &[h])?;
     let lm_head = if c.tie_word_embeddings {
         embed.clone()
     } else {
         tensor(src, "output.weight", &[vocab, h])?
     };
+    let mtp = read_mtp(src, c, arch)?;
     Ok(HybridWeights {
         embed,
         layers,
         final_norm,
         lm_head,
-        // llama.cpp's `nextn` blocks are not read (see the module's notes).
-        mtp: None,
+        mtp,
+    })
+}
+
+/// The number of `nextn` (multi-token-prediction) blocks the file declares
+/// (`{arch}.nextn_predict_layers`, absent: none).
+fn nextn_layers(src: &GgufSource, arch: Arch) -> Result<usize> {
+    let key = format!("{}.nextn_predict_layers", arch.name());
+    match src.content().metadata.get(&key) {
+        None => Ok(0),
+        Some(v) => uint(v)
+            .map(|x| x as usize)
+            .ok_or_else(|| ModelError::BadConfig {
+                path: src.path().to_path_buf(),
+                reason: format!("`{key}` is not a whole number"),
+            }),
+    }
+}
+
+/// The MTP head from block `blk.{num_layers}` (llama.cpp's `nextn` block, see the module
+/// docs), when the file declares one; only the first of several.
+fn read_mtp(src: &mut GgufSource, c: &HybridConfig, arch: Arch) -> Result<Option<MtpWeights>> {
+    if nextn_layers(src, arch)? == 0 {
+        return Ok(None);
+    }
+    let (n, h) = (c.num_layers, c.hidden_size);
+    let mut t = |name: &str, shape: &[usize]| tensor(src, &format!("blk.{n}.{name}"), shape);
+    let fc = t("nextn.eh_proj.weight", &[h, 2 * h])?;
+    let pre_fc_norm_embedding = t("nextn.enorm.weight", &[h])?;
+    let pre_fc_norm_hidden = t("nextn.hnorm.weight", &[h])?;
+    let norm = t("nextn.shared_head_norm.weight", &[h])?;
+    Ok(Some(MtpWeights {
+        pre_fc_norm_embedding,
+        pre_fc_norm_hidden,
+        fc,
+        layer: read_layer(src, c, arch, n, LayerKind::FullAttention)?,
+        norm,
+    }))
+}
+
+/// Block `blk.{l}` as a decoder layer of `kind`.
+fn read_layer(
+    src: &mut GgufSource,
+    c: &HybridConfig,
+    arch: Arch,
+    l: usize,
+    kind: LayerKind,
+) -> Result<LayerWeights> {
+    let path = src.path().to_path_buf();
+    let maps = RowMaps::new(c);
+    let heads = v_heads(c, arch);
+    let (h, inter) = (c.hidden_size, c.intermediate_size);
+    let (kd, vd, nv, dv) = (
+        c.linear_key_dim(),
+        c.linear_value_dim(),
+        c.linear_num_value_heads,
+        c.linear_value_head_dim,
+    );
+    let mut t = |name: &str, shape: &[usize]| tensor(src, &format!("blk.{l}.{name}"), shape);
+    let input_norm = t("attn_norm.weight", &[h])?;
+    let mixer = match kind {
+        LayerKind::GatedDeltaNet => {
+            let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
+            let qkv = t("attn_qkv.weight", &[2 * kd + vd, h])?;
+            let z = t("attn_gate.weight", &[vd, h])?;
+            let mut in_proj_qkvz = permute(&qkv, h, &rows(&heads, dv, 2 * kd), false);
+            in_proj_qkvz.extend(permute(&z, h, &rows(&heads, dv, 0), false));
+            let in_proj_ba = match arch {
+                Arch::Qwen35 => {
+                    let mut ba = permute(&t("ssm_beta.weight", &[nv, h])?, h, &heads, false);
+                    ba.extend(permute(&t("ssm_alpha.weight", &[nv, h])?, h, &heads, false));
+                    ba
+                }
+                Arch::Qwen3Next => permute(&t("ssm_ba.weight", &[2 * nv, h])?, h, &maps.ba, false),
+            };
+            let ssm_a = t("ssm_a", &[nv])?;
+            if let Some(x) = ssm_a.iter().find(|x| !(x.is_finite() && **x < 0.0)) {
+                return Err(ModelError::BadTensor {
+                    path,
+                    tensor: format!("blk.{l}.ssm_a"),
+                    reason: format!("holds {x}: `-exp(A_log)` is negative"),
+                });
+            }
+            let a_log: Vec<f32> = ssm_a.iter().map(|&s| a_log_of(-s)).collect();
+            MixerWeights::GatedDeltaNet(GdnWeights {
+                in_proj_qkvz,
+                in_proj_ba,
+                conv1d: permute(
+                    &t("ssm_conv1d.weight", &[conv, kernel])?,
+                    kernel,
+                    &rows(&heads, dv, 2 * kd),
+                    false,
+                ),
+                dt_bias: permute(&t("ssm_dt.bias", &[nv])?, 1, &heads, false),
+                a_log: permute(&a_log, 1, &heads, false),
+                norm: t("ssm_norm.weight", &[dv])?,
+                out_proj: permute_cols(
+                    &t("ssm_out.weight", &[h, vd])?,
+                    vd,
+                    &rows(&heads, dv, 0),
+                    false,
+                ),
+            })
+        }
+        LayerKind::FullAttention => {
+            let (q, kv, hd) = (
+                c.num_attention_heads * c.head_dim,
+                c.num_key_value_heads * c.head_dim,
+                c.head_dim,
+            );
+            MixerWeights::FullAttention(AttentionWeights {
+                q_proj: permute(&t("attn_q.weight", &[2 * q, h])?, h, &maps.q, false),
+                k_proj: t("attn_k.weight", &[kv, h])?,
+                v_proj: t("attn_v.weight", &[kv, h])?,
+                o_proj: t("attn_output.weight", &[h, q])?,
+                q_norm: t("attn_q_norm.weight", &[hd])?,
+                k_norm: t("attn_k_norm.weight", &[hd])?,
+            })
+        }
+    };
+    Ok(LayerWeights {
+        input_norm,
+        mixer,
+        post_attention_norm: t("post_attention_norm.weight", &[h])?,
+        mlp: MlpWeights {
+            gate: t("ffn_gate.weight", &[inter, h])?,
+            up: t("ffn_up.weight", &[inter, h])?,
+            down: t("ffn_down.weight", &[h, inter])?,
+        },
     })
 }
 
@@ -479,12 +541,20 @@ fn inexpressible(c: &HybridConfig) -> Option<String> {
     c.check().err()
 }
 
-/// The `{arch}.*` and `general.*` metadata of `c` (the tokenizer's is separate).
-pub fn metadata(c: &HybridConfig, arch: Arch) -> Result<Vec<(String, Value)>> {
+/// Whether [`tensors`] writes `w`'s MTP head under `arch`: for `qwen35` only (llama.cpp's
+/// `qwen3next` converter drops it).
+fn writes_mtp(w: &HybridWeights, arch: Arch) -> bool {
+    arch == Arch::Qwen35 && w.mtp.is_some()
+}
+
+/// The `{arch}.*` and `general.*` metadata of `c` (the tokenizer's is separate), counting
+/// `w`'s MTP head as one more block when it is written (see [`tensors`]).
+pub fn metadata(c: &HybridConfig, w: &HybridWeights, arch: Arch) -> Result<Vec<(String, Value)>> {
     if let Some(reason) = inexpressible(c) {
         return Err(ModelError::Hybrid { reason });
     }
     let a = arch.name();
+    let nextn = usize::from(writes_mtp(w, arch));
     let u = |k: &str, v: usize| (format!("{a}.{k}"), Value::U32(v as u32));
     let mut md = vec![
         ("general.architecture".into(), Value::String(a.into())),
@@ -493,7 +563,7 @@ pub fn metadata(c: &HybridConfig, arch: Arch) -> Result<Vec<(String, Value)>> {
         u("vocab_size", c.vocab_size),
         u("context_length", c.context_length),
         u("embedding_length", c.hidden_size),
-        u("block_count", c.num_layers),
+        u("block_count", c.num_layers + nextn),
         u("feed_forward_length", c.intermediate_size),
         u("attention.head_count", c.num_attention_heads),
         u("attention.head_count_kv", c.num_key_value_heads),
@@ -512,6 +582,9 @@ pub fn metadata(c: &HybridConfig, arch: Arch) -> Result<Vec<(String, Value)>> {
         u("ssm.inner_size", c.linear_value_dim()),
         u("full_attention_interval", c.full_attention_interval),
     ];
+    if nextn > 0 {
+        md.push(u("nextn_predict_layers", nextn));
+    }
     if arch == Arch::Qwen3Next {
         md.push(u("expert_count", 0));
     }
@@ -519,103 +592,21 @@ pub fn metadata(c: &HybridConfig, arch: Arch) -> Result<Vec<(String, Value)>> {
 }
 
 /// The tensors of `w` under llama.cpp's names: (name, PyTorch-order shape, values); the
-/// file holds each shape reversed (ggml's `ne`).
+/// file holds each shape reversed (ggml's `ne`). Under `qwen35`, `w`'s MTP head is block
+/// `blk.{num_layers}` (see the module docs).
 pub fn tensors(
     c: &HybridConfig,
     w: &HybridWeights,
     arch: Arch,
 ) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let maps = RowMaps::new(c);
-    let heads = v_heads(c, arch);
     let h = c.hidden_size;
-    let (kd, vd, nv, dv) = (
-        c.linear_key_dim(),
-        c.linear_value_dim(),
-        c.linear_num_value_heads,
-        c.linear_value_head_dim,
-    );
     let mut out = vec![(
         "token_embd.weight".to_string(),
         vec![c.vocab_size, h],
         w.embed.clone(),
     )];
     for (l, lw) in w.layers.iter().enumerate() {
-        let mut put = |name: &str, shape: Vec<usize>, data: Vec<f32>| {
-            out.push((format!("blk.{l}.{name}"), shape, data))
-        };
-        put("attn_norm.weight", vec![h], lw.input_norm.clone());
-        match &lw.mixer {
-            MixerWeights::GatedDeltaNet(g) => {
-                let (qkv, z) = g.in_proj_qkvz.split_at((2 * kd + vd) * h);
-                put(
-                    "attn_qkv.weight",
-                    vec![2 * kd + vd, h],
-                    permute(qkv, h, &rows(&heads, dv, 2 * kd), true),
-                );
-                put(
-                    "attn_gate.weight",
-                    vec![vd, h],
-                    permute(z, h, &rows(&heads, dv, 0), true),
-                );
-                match arch {
-                    Arch::Qwen35 => {
-                        let (b, a) = g.in_proj_ba.split_at(nv * h);
-                        put("ssm_beta.weight", vec![nv, h], permute(b, h, &heads, true));
-                        put("ssm_alpha.weight", vec![nv, h], permute(a, h, &heads, true));
-                    }
-                    Arch::Qwen3Next => put(
-                        "ssm_ba.weight",
-                        vec![2 * nv, h],
-                        permute(&g.in_proj_ba, h, &maps.ba, true),
-                    ),
-                }
-                let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
-                put(
-                    "ssm_conv1d.weight",
-                    vec![conv, kernel],
-                    permute(&g.conv1d, kernel, &rows(&heads, dv, 2 * kd), true),
-                );
-                put(
-                    "ssm_dt.bias",
-                    vec![nv],
-                    permute(&g.dt_bias, 1, &heads, true),
-                );
-                let ssm_a: Vec<f32> = g.a_log.iter().map(|a| -a.exp()).collect();
-                put("ssm_a", vec![nv], permute(&ssm_a, 1, &heads, true));
-                put("ssm_norm.weight", vec![dv], g.norm.clone());
-                put(
-                    "ssm_out.weight",
-                    vec![h, vd],
-                    permute_cols(&g.out_proj, vd, &rows(&heads, dv, 0), true),
-                );
-            }
-            MixerWeights::FullAttention(a) => {
-                let (q, kv, hd) = (
-                    c.num_attention_heads * c.head_dim,
-                    c.num_key_value_heads * c.head_dim,
-                    c.head_dim,
-                );
-                put(
-                    "attn_q.weight",
-                    vec![2 * q, h],
-                    permute(&a.q_proj, h, &maps.q, true),
-                );
-                put("attn_k.weight", vec![kv, h], a.k_proj.clone());
-                put("attn_v.weight", vec![kv, h], a.v_proj.clone());
-                put("attn_output.weight", vec![h, q], a.o_proj.clone());
-                put("attn_q_norm.weight", vec![hd], a.q_norm.clone());
-                put("attn_k_norm.weight", vec![hd], a.k_norm.clone());
-            }
-        }
-        put(
-            "post_attention_norm.weight",
-            vec![h],
-            lw.post_attention_norm.clone(),
-        );
-        let i = c.intermediate_size;
-        put("ffn_gate.weight", vec![i, h], lw.mlp.gate.clone());
-        put("ffn_up.weight", vec![i, h], lw.mlp.up.clone());
-        put("ffn_down.weight", vec![h, i], lw.mlp.down.clone());
+        put_layer(&mut out, c, arch, l, lw);
     }
     out.push(("output_norm.weight".into(), vec![h], w.final_norm.clone()));
     if !c.tie_word_embeddings {
@@ -625,7 +616,113 @@ pub fn tensors(
             w.lm_head.clone(),
         ));
     }
+    if let Some(m) = w.mtp.as_ref().filter(|_| writes_mtp(w, arch)) {
+        let n = c.num_layers;
+        put_layer(&mut out, c, arch, n, &m.layer);
+        let mut put = |name: &str, shape: Vec<usize>, data: &[f32]| {
+            out.push((format!("blk.{n}.nextn.{name}"), shape, data.to_vec()))
+        };
+        put("eh_proj.weight", vec![h, 2 * h], &m.fc);
+        put("enorm.weight", vec![h], &m.pre_fc_norm_embedding);
+        put("hnorm.weight", vec![h], &m.pre_fc_norm_hidden);
+        put("shared_head_norm.weight", vec![h], &m.norm);
+    }
     out
+}
+
+/// The tensors of decoder layer `lw` as block `blk.{l}`.
+fn put_layer(
+    out: &mut Vec<(String, Vec<usize>, Vec<f32>)>,
+    c: &HybridConfig,
+    arch: Arch,
+    l: usize,
+    lw: &LayerWeights,
+) {
+    let maps = RowMaps::new(c);
+    let heads = v_heads(c, arch);
+    let h = c.hidden_size;
+    let (kd, vd, nv, dv) = (
+        c.linear_key_dim(),
+        c.linear_value_dim(),
+        c.linear_num_value_heads,
+        c.linear_value_head_dim,
+    );
+    let mut put = |name: &str, shape: Vec<usize>, data: Vec<f32>| {
+        out.push((format!("blk.{l}.{name}"), shape, data))
+    };
+    put("attn_norm.weight", vec![h], lw.input_norm.clone());
+    match &lw.mixer {
+        MixerWeights::GatedDeltaNet(g) => {
+            let (qkv, z) = g.in_proj_qkvz.split_at((2 * kd + vd) * h);
+            put(
+                "attn_qkv.weight",
+                vec![2 * kd + vd, h],
+                permute(qkv, h, &rows(&heads, dv, 2 * kd), true),
+            );
+            put(
+                "attn_gate.weight",
+                vec![vd, h],
+                permute(z, h, &rows(&heads, dv, 0), true),
+            );
+            match arch {
+                Arch::Qwen35 => {
+                    let (b, a) = g.in_proj_ba.split_at(nv * h);
+                    put("ssm_beta.weight", vec![nv, h], permute(b, h, &heads, true));
+                    put("ssm_alpha.weight", vec![nv, h], permute(a, h, &heads, true));
+                }
+                Arch::Qwen3Next => put(
+                    "ssm_ba.weight",
+                    vec![2 * nv, h],
+                    permute(&g.in_proj_ba, h, &maps.ba, true),
+                ),
+            }
+            let (conv, kernel) = (c.linear_conv_dim(), c.linear_conv_kernel_dim);
+            put(
+                "ssm_conv1d.weight",
+                vec![conv, kernel],
+                permute(&g.conv1d, kernel, &rows(&heads, dv, 2 * kd), true),
+            );
+            put(
+                "ssm_dt.bias",
+                vec![nv],
+                permute(&g.dt_bias, 1, &heads, true),
+            );
+            let ssm_a: Vec<f32> = g.a_log.iter().map(|a| -a.exp()).collect();
+            put("ssm_a", vec![nv], permute(&ssm_a, 1, &heads, true));
+            put("ssm_norm.weight", vec![dv], g.norm.clone());
+            put(
+                "ssm_out.weight",
+                vec![h, vd],
+                permute_cols(&g.out_proj, vd, &rows(&heads, dv, 0), true),
+            );
+        }
+        MixerWeights::FullAttention(a) => {
+            let (q, kv, hd) = (
+                c.num_attention_heads * c.head_dim,
+                c.num_key_value_heads * c.head_dim,
+                c.head_dim,
+            );
+            put(
+                "attn_q.weight",
+                vec![2 * q, h],
+                permute(&a.q_proj, h, &maps.q, true),
+            );
+            put("attn_k.weight", vec![kv, h], a.k_proj.clone());
+            put("attn_v.weight", vec![kv, h], a.v_proj.clone());
+            put("attn_output.weight", vec![h, q], a.o_proj.clone());
+            put("attn_q_norm.weight", vec![hd], a.q_norm.clone());
+            put("attn_k_norm.weight", vec![hd], a.k_norm.clone());
+        }
+    }
+    put(
+        "post_attention_norm.weight",
+        vec![h],
+        lw.post_attention_norm.clone(),
+    );
+    let i = c.intermediate_size;
+    put("ffn_gate.weight", vec![i, h], lw.mlp.gate.clone());
+    put("ffn_up.weight", vec![i, h], lw.mlp.up.clone());
+    put("ffn_down.weight", vec![h, i], lw.mlp.down.clone());
 }
 
 /// Writes a GGUF file of `metadata` and `f32` `tensors` (PyTorch-order shapes).
@@ -655,8 +752,9 @@ pub fn write_file(
     std::io::Write::flush(&mut file).map_err(io)
 }
 
-/// Writes `weights` as a `qwen35` GGUF file (`f32` tensors) with, when given, the
-/// tokenizer's metadata ([`Tokenizer::to_gguf_metadata`]).
+/// Writes `weights` as a `qwen35` GGUF file (`f32` tensors; the MTP head, when it has one,
+/// as the `nextn` block) with, when given, the tokenizer's metadata
+/// ([`Tokenizer::to_gguf_metadata`]).
 pub fn save(
     path: &Path,
     c: &HybridConfig,
@@ -667,7 +765,8 @@ pub fn save(
 }
 
 /// [`save`] under either architecture (`qwen3next` files are for testing the reader:
-/// llama.cpp refuses one without experts).
+/// llama.cpp refuses one without experts; they carry no MTP head, as llama.cpp's
+/// `qwen3next` converter writes none).
 pub fn save_as(
     path: &Path,
     c: &HybridConfig,
@@ -675,7 +774,7 @@ pub fn save_as(
     tokenizer: Option<&Tokenizer>,
     arch: Arch,
 ) -> Result<()> {
-    let mut md = metadata(c, arch)?;
+    let mut md = metadata(c, w, arch)?;
     if let Some(tokenizer) = tokenizer {
         md.extend(tokenizer.to_gguf_metadata()?);
     }
