@@ -25,10 +25,11 @@ from openai import OpenAI
 
 
 def prompt(tokens, seed):
-    """About `tokens` tokens of agent-like text, different for every seed."""
+    """About `tokens` tokens of agent-like text (a sentence is some 35 tokens), different
+    for every seed."""
     words = []
     i = 0
-    while len(words) < tokens * 3 // 4:
+    while len(words) < max(1, tokens // 35):
         words.append(
             f"Step {seed}.{i}: the tool read file src/module_{(seed * 31 + i) % 97}.rs "
             f"and found {i * 7 % 13} warnings in function f{i % 29}."
@@ -47,7 +48,7 @@ def wait_ready(proc, url, log, timeout=600):
         try:
             with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
                 if r.status == 200:
-                    return
+                    return json.load(r)["data"][0]["id"]
         except Exception:
             time.sleep(0.5)
     raise SystemExit(f"server not ready after {timeout}s")
@@ -82,11 +83,11 @@ def run_one(client, model, text, gen, extra):
             "completion_tokens": completion}
 
 
-def bench(name, cmd, env, url, model, extra, args):
+def bench(name, cmd, env, url, extra, args):
     log = os.path.join(args.work, f"{name}.log")
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     try:
-        wait_ready(proc, url, log)
+        model = wait_ready(proc, url, log)
         client = OpenAI(base_url=url + "/v1", api_key="x", timeout=1200)
         run_one(client, model, prompt(64, 999), 8, extra)  # warm-up
         out = {}
@@ -119,15 +120,14 @@ def main():
     args = ap.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]
     os.makedirs(args.work, exist_ok=True)
-    name = os.path.basename(args.model).rsplit(".", 1)[0]
 
     env = {**os.environ, "MTPLX_THREADS": str(args.threads), "MTPLX_HOME": os.path.join(args.work, "home")}
     mtplx = bench("mtplx", [args.mtplx, "--model", args.model, "--port", "18431", "--context-window", "8192",
                             "--ssd-session-cache", "off"],
-                  env, "http://127.0.0.1:18431", name, {"generation_mode": "ar"}, args)
+                  env, "http://127.0.0.1:18431", {"generation_mode": "ar"}, args)
     llama = bench("llama.cpp", [args.llama, "-m", args.model, "--port", "18432", "-t", str(args.threads),
                                 "-c", "8192", "-np", "1"],
-                  dict(os.environ), "http://127.0.0.1:18432", name, {"cache_prompt": False}, args)
+                  dict(os.environ), "http://127.0.0.1:18432", {"cache_prompt": False}, args)
 
     med = lambda rows, k: statistics.median([r[k] for r in rows if r[k] is not None])
     print(f"\n{os.path.basename(args.model)}, {args.threads} threads, medians of {args.rounds} rounds")
