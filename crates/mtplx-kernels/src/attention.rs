@@ -640,7 +640,10 @@ mod tests {
         }
         fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
             // Runs of 21 rows, so blocks of 16 straddle them; none in the third run.
-            let (r, end) = (start / 21, ((start / 21 + 1) * 21).min(self.0.len() / self.2));
+            let (r, end) = (
+                start / 21,
+                ((start / 21 + 1) * 21).min(self.0.len() / self.2),
+            );
             (r != 2).then(|| {
                 (
                     &self.0[start * self.2..end * self.2],

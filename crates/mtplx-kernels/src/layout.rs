@@ -339,6 +339,38 @@ impl Layout for Q5_1 {
     }
 }
 
+/// The first 320 bytes of a Q4_K or Q5_K tile-block: `d[16]`, `dmin[16]` (f16), then the
+/// 8 sub-blocks' 6-bit scales and mins unpacked to bytes (`sc[8][16]`, `min[8][16]`).
+fn pack_k4_scales(src: &[&[u8]; TILE], dst: &mut [u8]) {
+    gather(src, 0, 2, dst, 0);
+    gather(src, 2, 2, dst, 32);
+    for s in 0..8 {
+        for (j, b) in src.iter().enumerate() {
+            let (sc, mn) = scale_min_k4(s, &b[4..16]);
+            dst[64 + TILE * s + j] = sc;
+            dst[192 + TILE * s + j] = mn;
+        }
+    }
+}
+
+/// Sub-block `s`'s scale `d × sc` and offset `(−dmin) × min` from the header
+/// [`pack_k4_scales`] wrote (`d`, `nmin = −dmin` loaded once per tile-block).
+///
+/// # Safety
+/// As [`Layout::visit`].
+#[inline(always)]
+unsafe fn k4_scales<S: Simd, const C: usize>(
+    t: &[*const u8; C],
+    s: usize,
+    d: &[S::V; C],
+    nmin: &[S::V; C],
+) -> ([S::V; C], [S::V; C]) {
+    (
+        lanes!(S::zero(); c => S::mul(d[c], S::load_u8(t[c].add(64 + TILE * s)))),
+        lanes!(S::zero(); c => S::mul(nmin[c], S::load_u8(t[c].add(192 + TILE * s)))),
+    )
+}
+
 /// ggml's 6-bit scale and min of sub-block `j` from the 12 packed bytes.
 fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
@@ -359,15 +391,7 @@ impl Layout for Q4K {
     const BYTES: usize = 2368;
 
     fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
-        gather(src, 0, 2, dst, 0);
-        gather(src, 2, 2, dst, 32);
-        for s in 0..8 {
-            for (j, b) in src.iter().enumerate() {
-                let (sc, mn) = scale_min_k4(s, &b[4..16]);
-                dst[64 + TILE * s + j] = sc;
-                dst[192 + TILE * s + j] = mn;
-            }
-        }
+        pack_k4_scales(src, dst);
         // Weight i: 64-weight chunk i / 64 holds 32 bytes; low nibbles are its first 32.
         let q = |j: usize, i: usize| {
             let (chunk, r) = (i / 64, i % 64);
@@ -391,10 +415,7 @@ impl Layout for Q4K {
         let nmin: [S::V; C] =
             lanes!(S::zero(); c => S::mul(S::load_f16(t[c].add(32)), S::splat(-1.0)));
         for s in 0..8 {
-            let d1: [S::V; C] =
-                lanes!(S::zero(); c => S::mul(d[c], S::load_u8(t[c].add(64 + TILE * s))));
-            let m1: [S::V; C] =
-                lanes!(S::zero(); c => S::mul(nmin[c], S::load_u8(t[c].add(192 + TILE * s))));
+            let (d1, m1) = k4_scales::<S, C>(t, s, &d, &nmin);
             for u in 0..16 {
                 let unit = 16 * s + u;
                 let q: [(S::V, S::V); C] =
@@ -421,15 +442,7 @@ impl Layout for Q5K {
     const BYTES: usize = 3392;
 
     fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
-        gather(src, 0, 2, dst, 0);
-        gather(src, 2, 2, dst, 32);
-        for s in 0..8 {
-            for (j, b) in src.iter().enumerate() {
-                let (sc, mn) = scale_min_k4(s, &b[4..16]);
-                dst[64 + TILE * s + j] = sc;
-                dst[192 + TILE * s + j] = mn;
-            }
-        }
+        pack_k4_scales(src, dst);
         // Weight i: 64-weight chunk i / 64 holds 32 bytes of `qs` (low nibbles its first
         // 32) and bits 2 chunk (first 32) and 2 chunk + 1 of the 32 bytes of `qh`.
         let split = |j: usize, i: usize| -> (u8, u8) {
@@ -454,10 +467,7 @@ impl Layout for Q5K {
         let nmin: [S::V; C] =
             lanes!(S::zero(); c => S::mul(S::load_f16(t[c].add(32)), S::splat(-1.0)));
         for s in 0..8 {
-            let d1: [S::V; C] =
-                lanes!(S::zero(); c => S::mul(d[c], S::load_u8(t[c].add(64 + TILE * s))));
-            let m1: [S::V; C] =
-                lanes!(S::zero(); c => S::mul(nmin[c], S::load_u8(t[c].add(192 + TILE * s))));
+            let (d1, m1) = k4_scales::<S, C>(t, s, &d, &nmin);
             five_bit_groups!(S, t, k, 320, 2368, 8 * s, 8, |i, q| f
                 .take(i, &lanes!(S::zero(); c => S::fma(q[c], d1[c], m1[c]))));
         }

@@ -54,6 +54,29 @@ fn kernel(w: RawWeight, format: GgmlDType) -> Result<Linear> {
     }
 }
 
+/// The input of an MTP head's `fc`, row by row `[rms(embed(next); norm_embedding) ⊕
+/// rms(hidden; norm_hidden)]` (`[n, 2H]`): what every head here reads first.
+pub(crate) fn fc_input(
+    trunk: &dyn LanguageModel,
+    hidden: &[f32],
+    next: &[u32],
+    norm_embedding: &[f32],
+    norm_hidden: &[f32],
+    eps: f32,
+) -> Result<Vec<f32>> {
+    let h = norm_hidden.len();
+    let mut e = trunk.embed(next)?;
+    ops::rms_norm_inplace(&mut e, norm_embedding, eps);
+    let mut hn = vec![0f32; hidden.len()];
+    ops::rms_norm(hidden, norm_hidden, eps, &mut hn);
+    let mut cat = Vec::with_capacity(e.len() + hn.len());
+    for (e, hn) in e.chunks_exact(h).zip(hn.chunks_exact(h)) {
+        cat.extend_from_slice(e);
+        cat.extend_from_slice(hn);
+    }
+    Ok(cat)
+}
+
 /// Prefix of every MTP tensor.
 pub const PREFIX: &str = "mtp";
 /// Name of the optional shortlist tensor (an mtplx extension).
@@ -464,15 +487,14 @@ impl MtpHead {
             });
         }
         let eps = c.rms_norm_eps;
-        let mut e = trunk.embed(next)?;
-        ops::rms_norm_inplace(&mut e, &self.norm_embedding, eps);
-        let mut hn = vec![0f32; n * h];
-        ops::rms_norm(hidden, &self.norm_hidden, eps, &mut hn);
-        let mut cat = Vec::with_capacity(2 * n * h);
-        for r in 0..n {
-            cat.extend_from_slice(&e[r * h..(r + 1) * h]);
-            cat.extend_from_slice(&hn[r * h..(r + 1) * h]);
-        }
+        let cat = fc_input(
+            trunk,
+            hidden,
+            next,
+            &self.norm_embedding,
+            &self.norm_hidden,
+            eps,
+        )?;
         let mut x = self.fc.forward(&cat, n)?;
 
         let l = &self.layer;

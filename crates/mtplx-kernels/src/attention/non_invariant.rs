@@ -48,14 +48,7 @@ pub fn attend_blocks<const B: usize, S: RowSource>(
             break;
         }
         let (chunk, kvh) = (chunks - 1 - i / g.kv_heads, i % g.kv_heads);
-        let first = chunk * TILE_VECTORS;
-        let it = super::Item {
-            q,
-            g,
-            n_q,
-            kvh,
-            vectors: first..(first + TILE_VECTORS).min(n_q * group),
-        };
+        let it = super::Item::new(q, g, n_q, kvh, chunk, 0..usize::MAX);
         // SAFETY: as in `attend_with`: items write disjoint query heads of `out`.
         unsafe { run::<B, S>(src, &it, out_ptr) };
     });

@@ -108,15 +108,14 @@ impl HybridMtpHead {
                 max,
             });
         }
-        let mut e = trunk.embed(next)?;
-        ops::rms_norm_inplace(&mut e, &self.norm_embedding, self.eps);
-        let mut hn = vec![0f32; n * h];
-        ops::rms_norm(hidden, &self.norm_hidden, self.eps, &mut hn);
-        let mut cat = Vec::with_capacity(2 * n * h);
-        for (e, hn) in e.chunks_exact(h).zip(hn.chunks_exact(h)) {
-            cat.extend_from_slice(e);
-            cat.extend_from_slice(hn);
-        }
+        let cat = crate::mtp::fc_input(
+            trunk,
+            hidden,
+            next,
+            &self.norm_embedding,
+            &self.norm_hidden,
+            self.eps,
+        )?;
         let mut x = self.fc.forward(&cat, n)?;
         let mut state = State {
             kv: cache,
