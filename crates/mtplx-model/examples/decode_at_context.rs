@@ -1,0 +1,42 @@
+//! A diagnostic: in-process decode speed after a prompt of each length (`MTPLX_TEST_MODEL`,
+//! default model otherwise), to set beside the same lengths through the server
+//! (`tools/bench/peer_server.py`).
+//!
+//!     cargo run --release -p mtplx-model --example decode_at_context -- 500 2000 6500
+
+use std::time::Instant;
+
+use mtplx_kv::CacheFactory;
+use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
+use mtplx_model::{prefill, Bundle, Want, WeightFormat};
+
+fn main() {
+    let path = std::env::var_os("MTPLX_TEST_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| ModelStore::from_env().path_of(&DEFAULT_MODEL));
+    let b = Bundle::load(&path, WeightFormat::Native).expect("model");
+    let m = b.model.as_ref();
+    let vocab = m.dims().vocab_size as u32;
+    for arg in std::env::args().skip(1) {
+        let ctx: usize = arg.parse().expect("a context length");
+        let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let mut seq = m.new_sequence(&CacheFactory::paged());
+        let t = Instant::now();
+        let out = prefill(m, &prompt, &mut seq, 512).expect("prefill");
+        let pre = t.elapsed().as_secs_f64();
+        let mut next = mtplx_model::sampling::argmax(out.last_logits()) as u32;
+        let steps = 32;
+        let t = Instant::now();
+        for _ in 0..steps {
+            let o = m.forward(&[next], &mut seq, Want::Last).expect("decode");
+            next = mtplx_model::sampling::argmax(o.last_logits()) as u32;
+        }
+        let dec = t.elapsed().as_secs_f64();
+        println!(
+            "ctx {ctx}: prefill {:.1} tok/s, decode {:.1} tok/s ({:.1} ms/step)",
+            ctx as f64 / pre,
+            steps as f64 / dec,
+            1e3 * dec / steps as f64
+        );
+    }
+}
