@@ -258,11 +258,12 @@ fn high_bit(qh: &[u8], i: usize) -> u8 {
     (qh[i / 8] >> (i % 8)) & 1
 }
 
-/// For each input `$i` of the `$groups` groups of four from group `$g0` of a tile-block of
-/// 5-bit weights, binds `$q` to the 16-lane values `lo + hi` (`lo` from the nibble-pair units
-/// at `$nib`, `hi = 16 c − 32` from the 2-bit field units at `$high`) and runs `$body`.
-/// A macro, not a function taking a closure (see [`Sink`]).
-macro_rules! five_bit_groups {
+/// For each input `$i` of the `$groups` groups of four from group `$g0` of a tile-block
+/// whose weights are a nibble plus a 2-bit field (the 5-bit formats and Q6_K), binds `$q`
+/// to the 16-lane values `lo + hi` (`lo` from the nibble-pair units at `$nib`, `hi = 16 c −
+/// 32` from the 2-bit field units at `$high`) and runs `$body`. A macro, not a function
+/// taking a closure (see [`Sink`]).
+macro_rules! nibble_field_groups {
     ($S:ty, $t:expr, $k:expr, $nib:expr, $high:expr, $g0:expr, $groups:expr, |$i:ident, $q:ident| $body:expr) => {
         for v in $g0..$g0 + $groups {
             let lo01: [(<$S as Simd>::V, <$S as Simd>::V); C] = lanes!((<$S>::zero(), <$S>::zero());
@@ -271,16 +272,20 @@ macro_rules! five_bit_groups {
                 c => <$S>::nibbles($k, $t[c].add($nib + TILE * (2 * v + 1))));
             let hi: [[<$S as Simd>::V; 4]; C] =
                 lanes!([<$S>::zero(); 4]; c => <$S>::high6($k, $t[c].add($high + TILE * v)));
-            for (n, $q) in [
-                lanes!(<$S>::zero(); c => <$S>::add(lo01[c].0, hi[c][0])),
-                lanes!(<$S>::zero(); c => <$S>::add(lo01[c].1, hi[c][1])),
-                lanes!(<$S>::zero(); c => <$S>::add(lo23[c].0, hi[c][2])),
-                lanes!(<$S>::zero(); c => <$S>::add(lo23[c].1, hi[c][3])),
-            ]
-            .into_iter()
-            .enumerate()
             {
-                let $i = 4 * v + n;
+                let ($i, $q) = (4 * v, lanes!(<$S>::zero(); c => <$S>::add(lo01[c].0, hi[c][0])));
+                $body;
+            }
+            {
+                let ($i, $q) = (4 * v + 1, lanes!(<$S>::zero(); c => <$S>::add(lo01[c].1, hi[c][1])));
+                $body;
+            }
+            {
+                let ($i, $q) = (4 * v + 2, lanes!(<$S>::zero(); c => <$S>::add(lo23[c].0, hi[c][2])));
+                $body;
+            }
+            {
+                let ($i, $q) = (4 * v + 3, lanes!(<$S>::zero(); c => <$S>::add(lo23[c].1, hi[c][3])));
                 $body;
             }
         }
@@ -307,7 +312,7 @@ impl Layout for Q5_0 {
         f: &mut impl Sink<S, C>,
     ) {
         let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
-        five_bit_groups!(S, t, k, 32, 288, 0, 8, |i, q| f
+        nibble_field_groups!(S, t, k, 32, 288, 0, 8, |i, q| f
             .take(i, &lanes!(S::zero(); c => S::mul(q[c], d[c]))));
     }
 }
@@ -334,7 +339,7 @@ impl Layout for Q5_1 {
     ) {
         let d: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c]));
         let m: [S::V; C] = lanes!(S::zero(); c => S::load_f16(t[c].add(32)));
-        five_bit_groups!(S, t, k, 64, 320, 0, 8, |i, q| f
+        nibble_field_groups!(S, t, k, 64, 320, 0, 8, |i, q| f
             .take(i, &lanes!(S::zero(); c => S::fma(q[c], d[c], m[c]))));
     }
 }
@@ -468,7 +473,7 @@ impl Layout for Q5K {
             lanes!(S::zero(); c => S::mul(S::load_f16(t[c].add(32)), S::splat(-1.0)));
         for s in 0..8 {
             let (d1, m1) = k4_scales::<S, C>(t, s, &d, &nmin);
-            five_bit_groups!(S, t, k, 320, 2368, 8 * s, 8, |i, q| f
+            nibble_field_groups!(S, t, k, 320, 2368, 8 * s, 8, |i, q| f
                 .take(i, &lanes!(S::zero(); c => S::fma(q[c], d1[c], m1[c]))));
         }
     }
@@ -503,12 +508,7 @@ impl Layout for Q6K {
             (lo, (qh >> (2 * k)) & 3)
         };
         pack_pairs(dst, 288, 128, |j, i| split(j, i).0);
-        for v in 0..64 {
-            for j in 0..TILE {
-                dst[2336 + TILE * v + j] =
-                    (0..4).fold(0, |acc, k| acc | split(j, 4 * v + k).1 << (2 * k));
-            }
-        }
+        pack_fields(dst, 2336, 256, |j, i| split(j, i).1);
     }
 
     #[inline(always)]
@@ -521,29 +521,8 @@ impl Layout for Q6K {
         for s in 0..16 {
             let dsc: [S::V; C] =
                 lanes!(S::zero(); c => S::mul(d[c], S::load_i8(t[c].add(32 + TILE * s))));
-            for v in 4 * s..4 * s + 4 {
-                let lo01: [(S::V, S::V); C] = lanes!((S::zero(), S::zero()); c => S::nibbles(k, t[c].add(288 + TILE * 2 * v)));
-                let lo23: [(S::V, S::V); C] = lanes!((S::zero(), S::zero());
-                    c => S::nibbles(k, t[c].add(288 + TILE * (2 * v + 1))));
-                let hi: [[S::V; 4]; C] =
-                    lanes!([S::zero(); 4]; c => S::high6(k, t[c].add(2336 + TILE * v)));
-                f.take(
-                    4 * v,
-                    &lanes!(S::zero(); c => S::mul(S::add(lo01[c].0, hi[c][0]), dsc[c])),
-                );
-                f.take(
-                    4 * v + 1,
-                    &lanes!(S::zero(); c => S::mul(S::add(lo01[c].1, hi[c][1]), dsc[c])),
-                );
-                f.take(
-                    4 * v + 2,
-                    &lanes!(S::zero(); c => S::mul(S::add(lo23[c].0, hi[c][2]), dsc[c])),
-                );
-                f.take(
-                    4 * v + 3,
-                    &lanes!(S::zero(); c => S::mul(S::add(lo23[c].1, hi[c][3]), dsc[c])),
-                );
-            }
+            nibble_field_groups!(S, t, k, 288, 2336, 4 * s, 4, |i, q| f
+                .take(i, &lanes!(S::zero(); c => S::mul(q[c], dsc[c]))));
         }
     }
 }

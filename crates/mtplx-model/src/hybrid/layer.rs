@@ -38,6 +38,15 @@ pub(crate) struct State<'a> {
     pub(crate) pos0: usize,
 }
 
+/// Buffers one pass's layers share (sized for its rows on first use), so a pass allocates
+/// them once, not once per layer.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    normed: Vec<f32>,
+    mixed: Vec<f32>,
+    act: Vec<f32>,
+}
+
 impl Layer {
     /// The layer of `w`; `index` is its mixer's index among the layers of its kind.
     pub(crate) fn new(c: &HybridConfig, w: &LayerWeights, index: usize) -> Result<Self> {
@@ -91,11 +100,15 @@ impl Layer {
         n: usize,
         state: &mut State<'_>,
         rope: &Rope,
+        scratch: &mut Scratch,
     ) -> Result<()> {
         let h = self.input_norm.len();
-        let mut normed = vec![0f32; n * h];
-        let mut mixed = vec![0f32; n * h];
-        ops::rms_norm(x, &self.input_norm, self.eps, &mut normed);
+        let Scratch { normed, mixed, act } = scratch;
+        normed.resize(n * h, 0.0);
+        mixed.resize(n * h, 0.0);
+        act.resize(n * self.intermediate, 0.0);
+        let (normed, mixed, act) = (&mut normed[..], &mut mixed[..], &mut act[..]);
+        ops::rms_norm(x, &self.input_norm, self.eps, normed);
         match &self.mixer {
             Mixer::GatedDeltaNet(g, i) => {
                 let recurrent =
@@ -106,19 +119,18 @@ impl Layer {
                             reason: "the sequence has no recurrent state".into(),
                         })?;
                 let (conv, ssm) = recurrent.state_mut(*i)?;
-                g.forward(&normed, n, conv, ssm, &mut mixed)?;
+                g.forward(normed, n, conv, ssm, mixed)?;
             }
             Mixer::FullAttention(a, i) => {
-                a.forward(&normed, n, state.kv, *i, rope, state.pos0, &mut mixed)?
+                a.forward(normed, n, state.kv, *i, rope, state.pos0, mixed)?
             }
         }
-        ops::add_inplace(x, &mixed);
-        ops::rms_norm(x, &self.post_attention_norm, self.eps, &mut normed);
-        let gate_up = self.gate_up.forward(&normed, n)?;
-        let mut act = vec![0f32; n * self.intermediate];
-        ops::silu_mul_halves(&gate_up, self.intermediate, &mut act);
-        self.down.forward_into(&act, n, &mut mixed)?;
-        ops::add_inplace(x, &mixed);
+        ops::add_inplace(x, mixed);
+        ops::rms_norm(x, &self.post_attention_norm, self.eps, normed);
+        let gate_up = self.gate_up.forward(normed, n)?;
+        ops::silu_mul_halves(&gate_up, self.intermediate, act);
+        self.down.forward_into(act, n, mixed)?;
+        ops::add_inplace(x, mixed);
         Ok(())
     }
 }

@@ -6,7 +6,7 @@ use crate::error::{ModelError, Result};
 use std::sync::Arc;
 
 use crate::hybrid::config::HybridConfig;
-use crate::hybrid::layer::{Layer, State};
+use crate::hybrid::layer::{Layer, Scratch, State};
 use crate::hybrid::mtp::HybridMtpHead;
 use crate::hybrid::weights::{HybridWeights, MixerWeights};
 use crate::model::{ForwardOutput, LanguageModel, Want};
@@ -154,8 +154,9 @@ impl HybridModel {
             recurrent: Some(recurrent),
             pos0,
         };
+        let mut scratch = Scratch::default();
         for l in &self.layers {
-            l.forward(&mut x, n, &mut state, &self.rope)?;
+            l.forward(&mut x, n, &mut state, &self.rope, &mut scratch)?;
         }
         if let Some(r) = state.recurrent {
             r.advance(n);

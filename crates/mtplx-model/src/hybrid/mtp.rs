@@ -19,7 +19,7 @@ use mtplx_kv::{KvCache, KvShape};
 
 use crate::error::{ModelError, Result};
 use crate::hybrid::config::HybridConfig;
-use crate::hybrid::layer::{Layer, State};
+use crate::hybrid::layer::{Layer, Scratch, State};
 use crate::hybrid::weights::MtpWeights;
 use crate::model::LanguageModel;
 use crate::mtp::MtpRunner;
@@ -122,7 +122,8 @@ impl HybridMtpHead {
             recurrent: None,
             pos0,
         };
-        self.layer.forward(&mut x, n, &mut state, &self.rope)?;
+        self.layer
+            .forward(&mut x, n, &mut state, &self.rope, &mut Scratch::default())?;
         Ok(x)
     }
 }
