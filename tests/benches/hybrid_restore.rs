@@ -222,7 +222,7 @@ fn main() {
             }
         }
         let peak = PEAK.load(Ordering::Relaxed) - base;
-        let kv = n * shape.kv.bytes_per_token();
+        let kv = n * shape.kv.bytes_per_token(mtplx_kv::KvDtype::F32);
         drop(seq);
         println!(
             "| {n} | {:.2} MB | {:.2} MB | {:.2} MB |",

@@ -1,12 +1,12 @@
 //! The default model generates the same tokens, with bit-identical logits at every step,
 //! whichever KV layout holds its cache, and whether the prompt's prefix came from a cold
 //! prefill, a snapshot restored in the same layout, a fork, or a conversion from another
-//! layout.
+//! layout, for each K/V element type.
 
 use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 
-use mtplx_kv::{CacheFactory, Sequence};
+use mtplx_kv::{CacheFactory, KvDtype, Sequence};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 use mtplx_model::{generate_greedy, Bundle, LanguageModel, Want, WeightFormat};
 
@@ -33,12 +33,14 @@ fn model_path() -> PathBuf {
     path
 }
 
-fn layouts() -> [(&'static str, CacheFactory); 3] {
+/// Every layout, storing K/V as `dtype`.
+fn layouts(dtype: KvDtype) -> [(&'static str, CacheFactory); 3] {
     [
         ("contiguous", CacheFactory::contiguous()),
         ("paged", CacheFactory::paged()),
         ("segmented", CacheFactory::segmented()),
     ]
+    .map(|(name, f)| (name, f.with_dtype(dtype).expect("a host layout")))
 }
 
 /// The greedy tokens and the bits of every step's logits.
@@ -81,16 +83,23 @@ fn greedy_generation_is_identical_in_every_layout() -> anyhow::Result<()> {
     let bundle = Bundle::load(&model_path(), WeightFormat::F32)?;
     let prompt = bundle.tokenizer.encode(PROMPT, Special::AsText)?;
     let shape = bundle.model.state_shape();
-    let mut runs = Vec::new();
-    for (name, factory) in layouts() {
-        let mut cache = Sequence::new(&factory, &shape);
-        let tokens = generate_greedy(&*bundle.model, &mut cache, &prompt, 16, &[EOS], CHUNK)?;
-        assert_eq!(cache.kv().layout(), factory.layout());
-        runs.push((name, tokens));
-    }
-    assert!(!runs[0].1.is_empty());
-    for (name, tokens) in &runs[1..] {
-        assert_eq!(tokens, &runs[0].1, "{name} differs from {}", runs[0].0);
+    for dtype in KvDtype::ALL {
+        let mut runs = Vec::new();
+        for (name, factory) in layouts(dtype) {
+            let mut cache = Sequence::new(&factory, &shape);
+            let tokens = generate_greedy(&*bundle.model, &mut cache, &prompt, 16, &[EOS], CHUNK)?;
+            assert_eq!(cache.kv().layout(), factory.layout());
+            assert_eq!(cache.kv().dtype(), dtype);
+            runs.push((name, tokens));
+        }
+        assert!(!runs[0].1.is_empty());
+        for (name, tokens) in &runs[1..] {
+            assert_eq!(
+                tokens, &runs[0].1,
+                "{dtype}: {name} differs from {}",
+                runs[0].0
+            );
+        }
     }
     Ok(())
 }
@@ -106,14 +115,29 @@ fn logits_are_bit_identical_across_layouts_and_prefix_paths() -> anyhow::Result<
         "the prompt is too short"
     );
     let shape = model.state_shape();
+    for dtype in KvDtype::ALL {
+        same_bits_on_every_path(model, &shape, &prompt, split, dtype)?;
+    }
+    Ok(())
+}
 
+/// The paths below, with K/V stored as `dtype`: the same tokens and logits' bits.
+fn same_bits_on_every_path(
+    model: &dyn LanguageModel,
+    shape: &mtplx_kv::StateShape,
+    prompt: &[u32],
+    split: usize,
+    dtype: KvDtype,
+) -> anyhow::Result<()> {
+    let shape = shape.clone();
+    let layouts = || layouts(dtype);
     // Cold, in each layout.
     let mut paths: Vec<(String, Trace)> = Vec::new();
     for (name, factory) in layouts() {
         let mut cache = Sequence::new(&factory, &shape);
         paths.push((
             format!("cold {name}"),
-            greedy_bits(model, &mut cache, &prompt),
+            greedy_bits(model, &mut cache, prompt),
         ));
     }
 
@@ -127,26 +151,32 @@ fn logits_are_bit_identical_across_layouts_and_prefix_paths() -> anyhow::Result<
         let snap = prefix.kv().snapshot();
         for (to, target) in layouts() {
             let mut cache = Sequence::from(target.restore(&*snap, split)?);
-            let run = greedy_bits(model, &mut cache, &prompt);
+            let run = greedy_bits(model, &mut cache, prompt);
             paths.push((format!("{from} snapshot -> {to}"), run));
         }
         let mut fork = prefix.fork();
         paths.push((
             format!("{from} fork"),
-            greedy_bits(model, &mut fork, &prompt),
+            greedy_bits(model, &mut fork, prompt),
         ));
         // The origin still continues as if nothing was shared.
         paths.push((
             format!("{from} origin"),
-            greedy_bits(model, &mut prefix, &prompt),
+            greedy_bits(model, &mut prefix, prompt),
         ));
     }
 
     let (first, (tokens, bits)) = &paths[0];
     assert_eq!(tokens.len(), NEW_TOKENS);
     for (name, (t, b)) in &paths[1..] {
-        assert_eq!(t, tokens, "{name} generated other tokens than {first}");
-        assert!(b == bits, "{name} logits differ in bits from {first}");
+        assert_eq!(
+            t, tokens,
+            "{dtype}: {name} generated other tokens than {first}"
+        );
+        assert!(
+            b == bits,
+            "{dtype}: {name} logits differ in bits from {first}"
+        );
     }
     Ok(())
 }

@@ -11,20 +11,11 @@ use std::path::Path;
 use mtplx_serve::cache::SsdMode;
 use mtplx_serve::Settings;
 use serde_json::{json, Value};
-use serve_support::{answer, call, chat, log_lines, post_json, settings, state_with, with_session};
+use serve_support::{
+    answer, call, chat, log_lines, post_json, settings, state_with, stop, with_session,
+};
 
 const CHAT: &str = "/v1/chat/completions";
-
-/// Stops a server: its engine thread and SSD store go with the last handle. The store's
-/// directory lock is the last thing released (after the writer drains), so that is what a
-/// restart on the same directory waits for; the bank being gone is not enough.
-async fn stop(state: mtplx_serve::AppState, ssd: &Path) {
-    drop(state);
-    serve_support::eventually("the first server's SSD store to close", || {
-        !mtplx_cold::storage::FsStorage::in_use(ssd).expect("probe the SSD directory lock")
-    })
-    .await;
-}
 
 const SYSTEM: &str = "You are a terse assistant. Answer in one short sentence.";
 

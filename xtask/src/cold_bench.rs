@@ -17,12 +17,18 @@ pub struct ColdBenchArgs {
     /// Only the side-by-side summary: criterion runs each benchmark once.
     #[arg(long)]
     quick: bool,
+    /// The element type of the stored rows (f32, f16, bf16; default the bench's f32).
+    #[arg(long)]
+    kv_dtype: Option<String>,
 }
 
 pub fn run(args: &ColdBenchArgs) -> Result<()> {
     let mut env = Vec::new();
     if let Some(dir) = &args.dir {
         env.push(("MTPLX_BENCH_DIR", dir.display().to_string()));
+    }
+    if let Some(dtype) = &args.kv_dtype {
+        env.push(("MTPLX_BENCH_KV_DTYPE", dtype.clone()));
     }
     let extra: Vec<String> = if args.quick {
         vec!["--".into(), "--test".into()]

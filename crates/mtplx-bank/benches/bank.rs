@@ -24,6 +24,7 @@ fn identity() -> Identity {
         chat_template: "bench".into(),
         mtp: Mtp::Off,
         policy: "bench".into(),
+        kv_dtype: mtplx_bank::cold_dtype(mtplx_kv::KvDtype::F32),
     }
 }
 
@@ -105,7 +106,9 @@ fn restore(c: &mut Criterion) {
     prompt.push(7);
     let id = identity();
     let mut g = c.benchmark_group("ram_clone_restore_2048_tokens");
-    g.throughput(Throughput::Bytes((tokens * SHAPE.bytes_per_token()) as u64));
+    g.throughput(Throughput::Bytes(
+        (tokens * SHAPE.bytes_per_token(mtplx_kv::KvDtype::F32)) as u64,
+    ));
     let factories = [
         ("contiguous", CacheFactory::contiguous()),
         ("paged", CacheFactory::paged()),

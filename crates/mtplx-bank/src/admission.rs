@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use mtplx_kv::KvShape;
+use mtplx_kv::{KvDtype, KvShape};
 
 /// A request's projected peak memory, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,9 +19,15 @@ pub struct MemoryEstimate {
 }
 
 impl MemoryEstimate {
-    /// KV bytes of `prompt_tokens + max_tokens` positions of a model of `shape`.
-    pub fn kv_bytes_for(shape: KvShape, prompt_tokens: usize, max_tokens: usize) -> u64 {
-        (prompt_tokens as u64 + max_tokens as u64) * shape.bytes_per_token() as u64
+    /// KV bytes of `prompt_tokens + max_tokens` positions of a model of `shape` whose rows
+    /// are stored as `dtype`.
+    pub fn kv_bytes_for(
+        shape: KvShape,
+        dtype: KvDtype,
+        prompt_tokens: usize,
+        max_tokens: usize,
+    ) -> u64 {
+        (prompt_tokens as u64 + max_tokens as u64) * shape.bytes_per_token(dtype) as u64
     }
 
     /// What this request needs on top of the weights.
@@ -183,9 +189,15 @@ mod tests {
             head_dim: 4,
         };
         assert_eq!(
-            MemoryEstimate::kv_bytes_for(shape, 10, 6),
+            MemoryEstimate::kv_bytes_for(shape, KvDtype::F32, 10, 6),
             16 * 2 * 2 * 12 * 4
         );
+        for dtype in [KvDtype::F16, KvDtype::Bf16] {
+            assert_eq!(
+                MemoryEstimate::kv_bytes_for(shape, dtype, 10, 6),
+                16 * 2 * 2 * 12 * 2
+            );
+        }
     }
 
     #[test]

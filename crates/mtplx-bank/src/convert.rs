@@ -7,7 +7,7 @@ use mtplx_cold::{
     BoxError, F32Buffer, KvGeometry, KvSource, NamedBytes, Recurrent, RecurrentCheckpoint,
     SpillEntry, TailState,
 };
-use mtplx_kv::{KvShape, KvView, RecurrentLayerShape, RecurrentState};
+use mtplx_kv::{KvDtype, KvShape, KvView, RecurrentLayerShape, RecurrentState};
 
 use crate::entry::Entry;
 use crate::{Checkpoint, Continuation};
@@ -16,12 +16,24 @@ const LOGITS: &str = "logits";
 const HIDDEN: &str = "hidden";
 const MTP: &str = "mtp";
 
-/// The cold tier's name for a KV shape.
-pub(crate) fn geometry(shape: KvShape) -> KvGeometry {
+/// The cold tier's name for a KV shape whose rows are stored as `dtype`.
+pub(crate) fn geometry(shape: KvShape, dtype: KvDtype) -> KvGeometry {
     KvGeometry {
         layers: shape.layers as u32,
         kv_heads: shape.kv_heads as u32,
         head_dim: shape.head_dim as u32,
+        dtype: cold_dtype(dtype),
+    }
+}
+
+/// The cold tier's name for an element type. The cold tier has its own enum (it depends on
+/// no tensor crate); the two are mapped here, and the mapping is tested to be one to one and
+/// to keep names and sizes.
+pub fn cold_dtype(dtype: KvDtype) -> mtplx_cold::KvDtype {
+    match dtype {
+        KvDtype::F32 => mtplx_cold::KvDtype::F32,
+        KvDtype::F16 => mtplx_cold::KvDtype::F16,
+        KvDtype::Bf16 => mtplx_cold::KvDtype::Bf16,
     }
 }
 
@@ -33,10 +45,10 @@ impl KvSource for ViewSource {
         &self,
         layer: usize,
         range: Range<usize>,
-        k: &mut [f32],
-        v: &mut [f32],
+        k: &mut [u8],
+        v: &mut [u8],
     ) -> Result<(), BoxError> {
-        Ok(self.0.read_rows(layer, range, k, v)?)
+        Ok(self.0.read_raw(layer, range, k, v)?)
     }
 }
 
@@ -45,7 +57,7 @@ pub(crate) fn spill_entry(entry: &Entry) -> SpillEntry {
     SpillEntry {
         identity: entry.identity.clone(),
         tokens: entry.tokens.clone(),
-        geometry: geometry(entry.kv.shape()),
+        geometry: geometry(entry.kv.shape(), entry.kv.dtype()),
         kv: Box::new(ViewSource(entry.kv.clone())),
         recurrent: match &entry.checkpoints {
             None => Recurrent::None,
@@ -147,6 +159,28 @@ pub(crate) fn continuation_from_tail(t: TailState) -> Continuation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The inverse of [`cold_dtype`], written independently.
+    fn kv_dtype(dtype: mtplx_cold::KvDtype) -> KvDtype {
+        match dtype {
+            mtplx_cold::KvDtype::F32 => KvDtype::F32,
+            mtplx_cold::KvDtype::F16 => KvDtype::F16,
+            mtplx_cold::KvDtype::Bf16 => KvDtype::Bf16,
+        }
+    }
+
+    #[test]
+    fn element_types_map_to_the_cold_tiers_names_and_back() {
+        for d in KvDtype::ALL {
+            let cold = cold_dtype(d);
+            assert_eq!(kv_dtype(cold), d);
+            assert_eq!(cold.as_str(), d.as_str());
+            assert_eq!(cold.size(), d.size());
+        }
+        for c in mtplx_cold::KvDtype::ALL {
+            assert_eq!(cold_dtype(kv_dtype(c)), c);
+        }
+    }
 
     #[test]
     fn checkpoints_round_trip_through_cold_buffers() {

@@ -128,6 +128,8 @@ pub enum MissReason {
     TemplateMismatch,
     /// A matching state exists under another MTP setting or policy.
     PolicyMismatch,
+    /// A matching state exists with K/V rows of another element type (`--kv-dtype`).
+    KvFormatMismatch,
     /// The session's entries were evicted (and no tier could serve it).
     Evicted,
     /// A hybrid match has no recurrent checkpoint at or below it.
@@ -151,6 +153,7 @@ impl MissReason {
             MissReason::ModelMismatch => "model_mismatch".into(),
             MissReason::TemplateMismatch => "template_mismatch".into(),
             MissReason::PolicyMismatch => "policy_mismatch".into(),
+            MissReason::KvFormatMismatch => "kv_format_mismatch".into(),
             MissReason::Evicted => "evicted".into(),
             MissReason::NoSnapshotCoverage => "no_snapshot_coverage".into(),
             MissReason::PrefixBoundaryBelowFloor => "prefix_boundary_below_floor".into(),

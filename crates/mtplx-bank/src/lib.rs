@@ -29,11 +29,12 @@
 //! use std::sync::Arc;
 //! use mtplx_bank::{Bank, BankConfig, Commit, Continuation, LookupQuery, SessionId};
 //! use mtplx_cold::{Identity, Mtp};
-//! use mtplx_kv::{CacheFactory, KvShape, StateShape};
+//! use mtplx_kv::{CacheFactory, KvDtype, KvShape, StateShape};
 //!
 //! let shape = KvShape { layers: 1, kv_heads: 1, head_dim: 2 };
 //! let identity = Identity {
 //!     model: "m".into(), chat_template: "t".into(), mtp: Mtp::Off, policy: "p".into(),
+//!     kv_dtype: mtplx_bank::cold_dtype(KvDtype::F32),
 //! };
 //! // A finished turn: 3 tokens in a cache.
 //! let mut cache = CacheFactory::contiguous().new_cache(shape);
@@ -88,6 +89,7 @@ pub use candidate::CandidateWatch;
 pub use checkpoints::{thin as thin_checkpoints, MAX_CHECKPOINTS};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{BankConfig, Matching, DEFAULT_IDLE_WRITE};
+pub use convert::cold_dtype;
 pub use durability::{BankEvent, FlushReport, Observer, SpillFailure, SpillOutcome, SpillsDone};
 pub use error::BankError;
 pub use explain::{Explanation, LogValue, MissReason, RefusalReason, Refused, RestoreMode, Source};

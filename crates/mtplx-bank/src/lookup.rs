@@ -270,6 +270,8 @@ fn miss_reason(
                 MissReason::ModelMismatch
             } else if other.chat_template != identity.chat_template {
                 MissReason::TemplateMismatch
+            } else if other.kv_dtype != identity.kv_dtype {
+                MissReason::KvFormatMismatch
             } else {
                 MissReason::PolicyMismatch
             };

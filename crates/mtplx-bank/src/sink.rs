@@ -3,7 +3,7 @@
 use mtplx_cold::{
     BoxError, DirectLayer, DirectPiece, KvGeometry, KvSink, RecurrentCheckpoint, TailState,
 };
-use mtplx_kv::{CacheFactory, KvCache, KvShape, LentLayer};
+use mtplx_kv::{bf16, f16, CacheFactory, KvCache, KvDtype, KvShape, LentLayer};
 
 use crate::convert::geometry;
 
@@ -39,10 +39,11 @@ impl<'a> CacheSink<'a> {
 
 impl KvSink for CacheSink<'_> {
     fn begin(&mut self, g: KvGeometry, rows: usize) -> Result<(), BoxError> {
-        if g != geometry(self.shape) {
+        if g != geometry(self.shape, self.factory.dtype()) {
             return Err(format!(
-                "stored geometry {g:?} differs from the caller's shape {:?}",
-                self.shape
+                "stored geometry {g:?} differs from the caller's shape {:?} in {}",
+                self.shape,
+                self.factory.dtype()
             )
             .into());
         }
@@ -62,15 +63,18 @@ impl KvSink for CacheSink<'_> {
         &mut self,
         layer: usize,
         start: usize,
-        k: &[f32],
-        v: &[f32],
+        k: &[u8],
+        v: &[u8],
     ) -> Result<(), BoxError> {
         let cache = self.cache.as_mut().ok_or("begin was not called")?;
         let have = cache.layer_len(layer);
         if have != start {
             return Err(format!("layer {layer}: rows from {start} arrive after {have}").into());
         }
-        Ok(cache.append(layer, k, v)?)
+        // `begin` checked the stored type is the cache's; widening its values is exact, and
+        // `append` rounds them back to the same values, so the cache holds the stored bits.
+        let dtype = cache.dtype();
+        Ok(cache.append(layer, &widen(dtype, k)?, &widen(dtype, v)?)?)
     }
 
     fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
@@ -89,6 +93,25 @@ impl KvSink for CacheSink<'_> {
         self.recurrent = None;
         self.tail = None;
     }
+}
+
+/// The values whose little-endian `dtype` bytes are `bytes`, as `f32` (exactly).
+fn widen(dtype: KvDtype, bytes: &[u8]) -> Result<Vec<f32>, BoxError> {
+    if !bytes.len().is_multiple_of(dtype.size()) {
+        return Err(format!("{} bytes are not whole {dtype} values", bytes.len()).into());
+    }
+    let values = bytes.chunks_exact(dtype.size());
+    Ok(match dtype {
+        KvDtype::F32 => values
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        KvDtype::F16 => values
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        KvDtype::Bf16 => values
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    })
 }
 
 fn direct_layer(layer: LentLayer<'_>) -> DirectLayer<'_> {
@@ -111,7 +134,7 @@ mod tests {
         ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, Identity, KvRows, Mtp,
         ReadPath, Recurrent, SpillEntry, GIB,
     };
-    use mtplx_kv::{BlockPool, KvView};
+    use mtplx_kv::{BlockPool, KvView, Layout};
     use proptest::prelude::*;
 
     use super::*;
@@ -124,38 +147,88 @@ mod tests {
 
     #[test]
     fn every_layout_lends_its_rows_in_pieces_covering_the_restore() {
-        let paged = CacheFactory::Paged {
-            block_tokens: 16,
-            pool: BlockPool::new(),
-        };
-        let segmented = CacheFactory::Segmented { segment_tokens: 16 };
-        for (factory, pieces) in [(CacheFactory::contiguous(), 1), (paged, 3), (segmented, 3)] {
-            let layout = factory.layout();
-            let mut sink = CacheSink::new(&factory, SHAPE);
-            sink.begin(geometry(SHAPE), 40).unwrap();
-            let layers = sink.direct_rows().expect("every layout lends");
-            assert_eq!(layers.len(), 2);
-            for (l, layer) in layers.into_iter().enumerate() {
-                assert_eq!(layer.pieces.len(), pieces, "{layout:?}");
-                let mut at = 0;
-                for p in layer.pieces {
-                    assert_eq!(p.positions.start, at, "{layout:?}");
-                    assert_eq!(p.k.len(), p.positions.len() * 4, "{layout:?}");
-                    for (i, pos) in p.positions.clone().enumerate() {
-                        p.k[i * 4..(i + 1) * 4].fill((l * 100 + pos) as f32);
-                        p.v[i * 4..(i + 1) * 4].fill(-((l * 100 + pos) as f32));
+        for dtype in KvDtype::ALL {
+            let paged = Layout::Paged {
+                block_tokens: 16,
+                pool: BlockPool::new(),
+            };
+            let segmented = Layout::Segmented { segment_tokens: 16 };
+            let contiguous = Layout::Contiguous { chunk_tokens: 64 };
+            for (layout, pieces) in [(contiguous, 1), (paged, 3), (segmented, 3)] {
+                let factory = CacheFactory::from(layout).with_dtype(dtype).unwrap();
+                let case = format!("{:?} {dtype}", factory.layout());
+                let value = |l: usize, pos: usize, is_v: bool| {
+                    let x = (l * 100 + pos) as f32;
+                    let x = if is_v { -x } else { x };
+                    let mut out = Vec::new();
+                    match dtype {
+                        KvDtype::F32 => out.extend(x.to_le_bytes()),
+                        KvDtype::F16 => out.extend(f16::from_f32(x).to_le_bytes()),
+                        KvDtype::Bf16 => out.extend(bf16::from_f32(x).to_le_bytes()),
                     }
-                    at = p.positions.end;
+                    out.repeat(4)
+                };
+                let mut sink = CacheSink::new(&factory, SHAPE);
+                sink.begin(geometry(SHAPE, dtype), 40).unwrap();
+                let layers = sink.direct_rows().expect("every layout lends");
+                assert_eq!(layers.len(), 2);
+                let row = 4 * dtype.size();
+                for (l, layer) in layers.into_iter().enumerate() {
+                    assert_eq!(layer.pieces.len(), pieces, "{case}");
+                    let mut at = 0;
+                    for p in layer.pieces {
+                        assert_eq!(p.positions.start, at, "{case}");
+                        assert_eq!(p.k.len(), p.positions.len() * row, "{case}");
+                        for (i, pos) in p.positions.clone().enumerate() {
+                            p.k[i * row..(i + 1) * row].copy_from_slice(&value(l, pos, false));
+                            p.v[i * row..(i + 1) * row].copy_from_slice(&value(l, pos, true));
+                        }
+                        at = p.positions.end;
+                    }
+                    assert_eq!(at, 40, "{case}");
                 }
-                assert_eq!(at, 40, "{layout:?}");
+                let cache = sink.cache.as_ref().unwrap();
+                assert_eq!(cache.len(), 40);
+                assert_eq!(cache.dtype(), dtype);
+                let (mut k, mut v) = ([0.0; 160], [0.0; 160]);
+                cache.read_rows(1, 0..40, &mut k, &mut v).unwrap();
+                // Values up to 139 are exact in every type.
+                let want: Vec<f32> = (0..160).map(|i| (100 + i / 4) as f32).collect();
+                assert_eq!(k.to_vec(), want, "{case}");
+                assert_eq!(v.map(|x| -x).to_vec(), want, "{case}");
             }
-            let cache = sink.cache.as_ref().unwrap();
-            assert_eq!(cache.len(), 40);
-            let (mut k, mut v) = ([0.0; 160], [0.0; 160]);
-            cache.read_rows(1, 0..40, &mut k, &mut v).unwrap();
-            let want: Vec<f32> = (0..160).map(|i| (100 + i / 4) as f32).collect();
-            assert_eq!(k.to_vec(), want, "{layout:?}");
-            assert_eq!(v.map(|x| -x).to_vec(), want, "{layout:?}");
+        }
+    }
+
+    #[test]
+    fn rows_of_another_element_type_are_refused_at_begin() {
+        let factory = CacheFactory::contiguous().with_dtype(KvDtype::F16).unwrap();
+        let mut sink = CacheSink::new(&factory, SHAPE);
+        let err = sink.begin(geometry(SHAPE, KvDtype::F32), 4).unwrap_err();
+        assert!(err.to_string().contains("f16"), "{err}");
+        assert!(sink.cache.is_none());
+        sink.begin(geometry(SHAPE, KvDtype::F16), 4).unwrap();
+    }
+
+    #[test]
+    fn staged_rows_widen_exactly_and_refuse_partial_values() {
+        let xs = [1.0f32, -2.5, 0.333_333_34, 65504.0];
+        for dtype in KvDtype::ALL {
+            let mut bytes = Vec::new();
+            for &x in &xs {
+                match dtype {
+                    KvDtype::F32 => bytes.extend(x.to_le_bytes()),
+                    KvDtype::F16 => bytes.extend(f16::from_f32(x).to_le_bytes()),
+                    KvDtype::Bf16 => bytes.extend(bf16::from_f32(x).to_le_bytes()),
+                }
+            }
+            let want: Vec<f32> = match dtype {
+                KvDtype::F32 => xs.to_vec(),
+                KvDtype::F16 => xs.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+                KvDtype::Bf16 => xs.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
+            };
+            assert_eq!(widen(dtype, &bytes).unwrap(), want, "{dtype}");
+            assert!(widen(dtype, &bytes[..bytes.len() - 1]).is_err(), "{dtype}");
         }
     }
 
@@ -177,13 +250,7 @@ mod tests {
                 false => None,
             }
         }
-        fn write_rows(
-            &mut self,
-            l: usize,
-            at: usize,
-            k: &[f32],
-            v: &[f32],
-        ) -> Result<(), BoxError> {
+        fn write_rows(&mut self, l: usize, at: usize, k: &[u8], v: &[u8]) -> Result<(), BoxError> {
             self.writes += 1;
             self.sink.write_rows(l, at, k, v)
         }
@@ -192,19 +259,20 @@ mod tests {
         }
     }
 
-    fn identity() -> Identity {
+    fn identity(dtype: KvDtype) -> Identity {
         Identity {
             model: "m".into(),
             chat_template: "t".into(),
             mtp: Mtp::Off,
             policy: "p".into(),
+            kv_dtype: crate::convert::cold_dtype(dtype),
         }
     }
 
     /// The stored rows: distinct for every layer, position, element and K / V, and not
     /// representable with fewer bits (so a misplaced or converted value shows).
-    fn original(len: usize) -> KvRows {
-        KvRows::from_fn(geometry(SHAPE), len, |l, p, i, v| {
+    fn original(len: usize, dtype: KvDtype) -> KvRows {
+        KvRows::from_fn(geometry(SHAPE, dtype), len, |l, p, i, v| {
             let x = (l * 7919 + p * 31 + i) as f32 * 0.001_953_7 + 0.1;
             if v {
                 -x
@@ -214,8 +282,13 @@ mod tests {
         })
     }
 
-    /// A store holding one entry of `len` tokens, and the candidate restoring it at `point`.
-    fn stored(len: usize, point: usize) -> (FaultyStorage, ColdStore, ColdCandidate) {
+    /// A store holding one entry of `len` tokens in `dtype`, and the candidate restoring it
+    /// at `point`.
+    fn stored(
+        len: usize,
+        point: usize,
+        dtype: KvDtype,
+    ) -> (FaultyStorage, ColdStore, ColdCandidate) {
         let st = FaultyStorage::new();
         let config = ColdConfig {
             cap_bytes: 100 * GIB,
@@ -227,15 +300,15 @@ mod tests {
         let tokens: Vec<u32> = (0..len as u32).collect();
         store
             .put(&SpillEntry {
-                identity: identity(),
+                identity: identity(dtype),
                 tokens: tokens.clone(),
-                geometry: geometry(SHAPE),
-                kv: Box::new(original(len)),
+                geometry: geometry(SHAPE, dtype),
+                kv: Box::new(original(len, dtype)),
                 recurrent: Recurrent::None,
                 tail: None,
             })
             .unwrap();
-        let id = identity();
+        let id = identity(dtype);
         let query = ColdQuery {
             identity: &id,
             prompt: &tokens,
@@ -249,14 +322,14 @@ mod tests {
         (st, store, hit)
     }
 
-    /// Every value of `view`'s first `point` positions, as bits.
-    fn bits(view: &dyn KvView, point: usize) -> Vec<u32> {
-        let n = point * SHAPE.row_len();
+    /// The stored bytes of `view`'s first `point` positions, K then V of each layer.
+    fn bits(view: &dyn KvView, point: usize) -> Vec<u8> {
+        let n = point * SHAPE.row_len() * view.dtype().size();
         let mut out = Vec::new();
         for l in 0..SHAPE.layers {
-            let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
-            view.read_rows(l, 0..point, &mut k, &mut v).unwrap();
-            out.extend(k.iter().chain(&v).map(|x| x.to_bits()));
+            let (mut k, mut v) = (vec![0; n], vec![0; n]);
+            view.read_raw(l, 0..point, &mut k, &mut v).unwrap();
+            out.extend(k.iter().chain(&v));
         }
         out
     }
@@ -269,13 +342,14 @@ mod tests {
         len: usize,
         point: usize,
     ) -> Result<(), TestCaseError> {
-        let (st, store, hit) = stored(len, point);
-        let row = SHAPE.row_len();
-        let want: Vec<u32> = (0..SHAPE.layers)
+        let dtype = factory.dtype();
+        let (st, store, hit) = stored(len, point, dtype);
+        let row = SHAPE.row_len() * dtype.size();
+        let o = original(len, dtype);
+        let want: Vec<u8> = (0..SHAPE.layers)
             .flat_map(|l| {
-                let o = original(len);
                 let (k, v) = (&o.k[l][..point * row], &o.v[l][..point * row]);
-                k.iter().chain(v).map(|x| x.to_bits()).collect::<Vec<_>>()
+                k.iter().chain(v).copied().collect::<Vec<_>>()
             })
             .collect();
         let layout = factory.layout();
@@ -288,10 +362,12 @@ mod tests {
             };
             let report = store.restore(&hit, &mut sink).unwrap();
             let cache = sink.sink.cache.take().unwrap();
-            let case =
-                format!("{layout:?} len {len} point {point} lend {lend} resident {resident}");
+            let case = format!(
+                "{layout:?} {dtype} len {len} point {point} lend {lend} resident {resident}"
+            );
             prop_assert_eq!(cache.layout(), layout);
             prop_assert_eq!(cache.len(), point, "{}", case);
+            prop_assert_eq!(cache.dtype(), dtype, "{}", case);
             prop_assert!(bits(&*cache, point) == want, "{}: rows differ", case);
             let path = report.read_path;
             match lend {
@@ -311,17 +387,18 @@ mod tests {
     /// Paged with pages that divide a 256-token block and pages that don't (300 spans two
     /// blocks); segmented likewise (segments are multiples of 16: 48 doesn't divide 256,
     /// 272 spans blocks).
-    fn factories(page: usize, segment: usize) -> [CacheFactory; 3] {
+    fn factories(page: usize, segment: usize, dtype: KvDtype) -> [CacheFactory; 3] {
         [
-            CacheFactory::Contiguous { chunk_tokens: 64 },
-            CacheFactory::Paged {
+            Layout::Contiguous { chunk_tokens: 64 },
+            Layout::Paged {
                 block_tokens: page,
                 pool: BlockPool::new(),
             },
-            CacheFactory::Segmented {
+            Layout::Segmented {
                 segment_tokens: segment,
             },
         ]
+        .map(|layout| CacheFactory::from(layout).with_dtype(dtype).unwrap())
     }
 
     /// Restore points inside a page, on page boundaries, on and just past block bounds, and
@@ -332,8 +409,9 @@ mod tests {
         let points = [
             1, 7, 16, 48, 100, 200, 255, 256, 257, 300, 511, 512, 600, 699, 700,
         ];
-        for (page, segment) in [(16, 256), (7, 48), (100, 272), (256, 16), (300, 512)] {
-            for factory in factories(page, segment) {
+        let cases = [(16, 256), (7, 48), (100, 272), (256, 16), (300, 512)];
+        for ((page, segment), dtype) in cases.into_iter().zip(KvDtype::ALL.into_iter().cycle()) {
+            for factory in factories(page, segment, dtype) {
                 for point in points {
                     direct_equals_staged_equals_original(&factory, 700, point).unwrap();
                 }
@@ -350,9 +428,10 @@ mod tests {
             cut in 0.0f64..=1.0,
             page in 1usize..=300,
             segment in 1usize..=300,
+            dtype in proptest::sample::select(KvDtype::ALL.to_vec()),
         ) {
             let point = ((len as f64 * cut) as usize).clamp(1, len);
-            for factory in factories(page, segment) {
+            for factory in factories(page, segment, dtype) {
                 direct_equals_staged_equals_original(&factory, len, point)?;
             }
         }
@@ -363,12 +442,12 @@ mod tests {
     #[test]
     fn a_corrupt_block_read_into_a_paged_cache_is_a_miss_and_frees_its_blocks() {
         let pool = BlockPool::new();
-        let factory = CacheFactory::Paged {
+        let factory = CacheFactory::from(Layout::Paged {
             block_tokens: 7,
             pool: pool.clone(),
-        };
+        });
         for resident in [false, true] {
-            let (st, store, hit) = stored(600, 600);
+            let (st, store, hit) = stored(600, 600, KvDtype::F32);
             st.set_resident(resident);
             let blobs = st.files(std::path::Path::new("blobs"));
             let (path, size) = blobs.iter().max_by_key(|(_, n)| *n).unwrap().clone();

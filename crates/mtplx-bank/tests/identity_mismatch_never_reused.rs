@@ -1,5 +1,6 @@
-//! A state is never reused under another identity (model, chat template, MTP, policy), from
-//! RAM or from SSD; the miss names what differed.
+//! A state is never reused under another identity (model, chat template, MTP, policy, K/V
+//! element type), from RAM or from SSD; the miss names what differed where the tier can
+//! tell (the SSD tier finds entries of the same identity under another element type only).
 
 mod common;
 
@@ -8,7 +9,7 @@ use mtplx_bank::{Bank, BankConfig, Identity, MissReason, RestoreMode};
 use mtplx_cold::Mtp;
 use mtplx_kv::CacheFactory;
 
-fn others() -> [(Identity, MissReason); 4] {
+fn others() -> [(Identity, MissReason); 5] {
     let base = identity();
     [
         (
@@ -35,9 +36,16 @@ fn others() -> [(Identity, MissReason); 4] {
         (
             Identity {
                 policy: "other".into(),
-                ..base
+                ..base.clone()
             },
             MissReason::PolicyMismatch,
+        ),
+        (
+            Identity {
+                kv_dtype: mtplx_bank::cold_dtype(mtplx_kv::KvDtype::F16),
+                ..base
+            },
+            MissReason::KvFormatMismatch,
         ),
     ]
 }
@@ -74,10 +82,16 @@ fn ssd_states_are_not_served_under_another_identity() {
     bank.wait_for_spills();
     let mut prompt = t.clone();
     prompt.push(3);
-    for (other, _) in others() {
+    for (other, ram_reason) in others() {
         let plan = bank.lookup(&query(&other, &prompt));
         assert_eq!(plan.mode(), RestoreMode::Cold, "{other:?}");
-        assert_eq!(plan.explanation().miss, Some(MissReason::NewSession));
+        let want = match ram_reason {
+            MissReason::KvFormatMismatch => {
+                MissReason::Ssd(mtplx_cold::MissReason::KvFormatMismatch)
+            }
+            _ => MissReason::NewSession,
+        };
+        assert_eq!(plan.explanation().miss, Some(want), "{other:?}");
     }
     let id = identity();
     assert_eq!(

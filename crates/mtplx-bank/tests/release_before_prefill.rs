@@ -109,6 +109,6 @@ fn a_served_ssd_candidate_and_its_unserved_rivals_are_gone_after_the_restore() {
     // The restored cache holds only its own rows.
     assert_eq!(
         restored.sequence.kv().logical_bytes(),
-        1200 * SHAPE.bytes_per_token()
+        1200 * SHAPE.bytes_per_token(mtplx_kv::KvDtype::F32)
     );
 }

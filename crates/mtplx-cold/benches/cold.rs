@@ -3,7 +3,9 @@
 //! blake3 and manifest overhead as fractions of a restore.
 //!
 //! `cargo bench -p mtplx-cold --bench cold`; the store goes under `$MTPLX_BENCH_DIR`
-//! (default: the system temp dir). A summary of the ratios is printed at the end.
+//! (default: the system temp dir), rows are of `$MTPLX_BENCH_KV_DTYPE` (`f32` by default,
+//! as the figures in `docs/bench/` were measured; `f16`, the server's default, or `bf16`:
+//! half the bytes). A summary of the ratios is printed at the end.
 
 use std::fs::File;
 use std::io::Read;
@@ -14,15 +16,28 @@ use criterion::{BatchSize, Criterion, Throughput};
 use mtplx_cold::storage::drop_page_cache;
 use mtplx_cold::{
     BoxError, ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, DirectLayer, DirectPiece,
-    Identity, KvGeometry, KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry, GIB,
+    Identity, KvDtype, KvGeometry, KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry, GIB,
 };
 
-/// SmolLM2-135M: 30 layers × 3 KV heads × 64 dims (11.25 MiB per 256-token block in f32).
-const GEOMETRY: KvGeometry = KvGeometry {
-    layers: 30,
-    kv_heads: 3,
-    head_dim: 64,
-};
+/// The rows' element type: `$MTPLX_BENCH_KV_DTYPE`, f32 by default.
+fn dtype() -> KvDtype {
+    let name = std::env::var("MTPLX_BENCH_KV_DTYPE").unwrap_or_else(|_| "f32".into());
+    KvDtype::ALL
+        .into_iter()
+        .find(|d| d.as_str() == name)
+        .unwrap_or_else(|| panic!("MTPLX_BENCH_KV_DTYPE={name}: not f32, f16 or bf16"))
+}
+
+/// SmolLM2-135M: 30 layers × 3 KV heads × 64 dims (11.25 MiB per 256-token block in f32,
+/// 5.6 MiB in f16).
+fn geometry() -> KvGeometry {
+    KvGeometry {
+        layers: 30,
+        kv_heads: 3,
+        head_dim: 64,
+        dtype: dtype(),
+    }
+}
 const TOKENS: usize = 2048;
 
 fn identity() -> Identity {
@@ -31,18 +46,19 @@ fn identity() -> Identity {
         chat_template: "bench".into(),
         mtp: Mtp::Off,
         policy: "bench".into(),
+        kv_dtype: dtype(),
     }
 }
 
 fn entry(salt: u32) -> SpillEntry {
     let tokens: Vec<u32> = (0..TOKENS as u32).map(|i| i * 7 + salt).collect();
-    let rows = KvRows::from_fn(GEOMETRY, TOKENS, |l, p, i, v| {
+    let rows = KvRows::from_fn(geometry(), TOKENS, |l, p, i, v| {
         (l * 31 + p * 7 + i) as f32 * if v { 0.5 } else { -0.25 }
     });
     SpillEntry {
         identity: identity(),
         tokens,
-        geometry: GEOMETRY,
+        geometry: geometry(),
         kv: Box::new(rows),
         recurrent: Recurrent::None,
         tail: None,
@@ -54,25 +70,27 @@ fn entry(salt: u32) -> SpillEntry {
 /// append-only layout costs). `page`: it lends them in pieces of that many positions, as a
 /// paged cache does (the server's default layout has 16-position pages).
 struct Contiguous {
+    /// Bytes of a row.
     row: usize,
     rows: usize,
     direct: bool,
     page: Option<usize>,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
 }
 
 impl Contiguous {
     fn new(direct: bool) -> Contiguous {
-        let n = TOKENS * GEOMETRY.row_len();
-        let layers = GEOMETRY.layers as usize;
+        let g = geometry();
+        let n = TOKENS * g.row_bytes();
+        let layers = g.layers as usize;
         Contiguous {
-            row: GEOMETRY.row_len(),
+            row: g.row_bytes(),
             rows: 0,
             direct,
             page: None,
-            k: vec![vec![0.0; n]; layers],
-            v: vec![vec![0.0; n]; layers],
+            k: vec![vec![0; n]; layers],
+            v: vec![vec![0; n]; layers],
         }
     }
 
@@ -113,7 +131,7 @@ impl KvSink for Contiguous {
         })
     }
 
-    fn write_rows(&mut self, l: usize, start: usize, k: &[f32], v: &[f32]) -> Result<(), BoxError> {
+    fn write_rows(&mut self, l: usize, start: usize, k: &[u8], v: &[u8]) -> Result<(), BoxError> {
         let at = start * self.row;
         self.k[l][at..at + k.len()].copy_from_slice(k);
         self.v[l][at..at + v.len()].copy_from_slice(v);
@@ -340,10 +358,11 @@ fn summary(f: &Fixture) {
     let mut paged = Contiguous::paged(16);
     let gib = |s: f64| f.bytes as f64 / s / GIB as f64;
     println!(
-        "\n== mtplx-cold summary ({} MiB, {} blobs, {} tokens, median of {runs}) ==",
+        "\n== mtplx-cold summary ({} MiB, {} blobs, {} tokens of {} rows, median of {runs}) ==",
         f.bytes >> 20,
         f.blobs.len(),
-        TOKENS
+        TOKENS,
+        dtype(),
     );
     for (name, cold) in [("cold", true), ("warm", false)] {
         let raw_t = raw(f, cold, runs);

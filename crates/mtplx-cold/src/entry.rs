@@ -51,6 +51,12 @@ impl SpillEntry {
         if !self.geometry.is_valid() {
             return bad("zero-sized KV geometry");
         }
+        if self.geometry.dtype != self.identity.kv_dtype {
+            return Err(WriteError::KvDtypeMismatch {
+                identity: self.identity.kv_dtype,
+                geometry: self.geometry.dtype,
+            });
+        }
         if let Recurrent::Checkpoints(cps) = &self.recurrent {
             let sorted = cps.windows(2).all(|w| w[0].position < w[1].position);
             if !sorted

@@ -3,6 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
+use crate::dtype::KvDtype;
 use crate::id::EntryId;
 use crate::miss::{MissReason, RestoreErrorKind};
 use crate::payload::BoxError;
@@ -56,6 +57,14 @@ pub enum ReadError {
     Checksum { blob: String },
     #[error("blob {blob} has a bad header: {what}")]
     Header { blob: String, what: &'static str },
+    /// A block's header names another element type than its entry's (`found` is the
+    /// header's code, maybe one this build does not know): its rows are never delivered.
+    #[error("blob {blob} holds K/V rows of element type code {found}, its entry's are {expected}")]
+    KvDtype {
+        blob: String,
+        found: u8,
+        expected: KvDtype,
+    },
     #[error("blob {blob} payload: {what}")]
     Decode { blob: String, what: &'static str },
     #[error("blob {blob}: {source}")]
@@ -83,6 +92,7 @@ impl ReadError {
             ReadError::Foreign { .. } => K::Foreign,
             ReadError::Checksum { .. } => K::Checksum,
             ReadError::Header { .. } => K::Header,
+            ReadError::KvDtype { .. } => K::KvDtype,
             ReadError::Decode { .. } => K::Decode,
             ReadError::Io { .. } | ReadError::FreeSpace(_) => K::Io,
             ReadError::Manifest(_) => K::Manifest,
@@ -101,6 +111,7 @@ impl ReadError {
                 | ReadError::FormatMismatch { .. }
                 | ReadError::Checksum { .. }
                 | ReadError::Header { .. }
+                | ReadError::KvDtype { .. }
                 | ReadError::Decode { .. }
         )
     }
@@ -112,6 +123,13 @@ impl ReadError {
 pub enum WriteError {
     #[error("invalid entry: {0}")]
     Invalid(String),
+    /// The entry's rows are of another element type than its identity says the server
+    /// keeps: stored, they would be offered to servers of the wrong type.
+    #[error("entry rows are {geometry}, its identity's kv_dtype is {identity}")]
+    KvDtypeMismatch {
+        identity: KvDtype,
+        geometry: KvDtype,
+    },
     #[error("free disk space {free} B is below the floor of {floor} B")]
     BelowFreeDiskFloor { free: u64, floor: u64 },
     #[error("entry needs {bytes} B, over the cold tier's cap of {cap} B")]
@@ -147,6 +165,7 @@ impl WriteError {
     pub fn reason(&self) -> &'static str {
         match self {
             WriteError::Invalid(_) => "invalid",
+            WriteError::KvDtypeMismatch { .. } => "kv_dtype_mismatch",
             WriteError::BelowFreeDiskFloor { .. } => "below_free_disk_floor",
             WriteError::TooLarge { .. } => "too_large",
             WriteError::OverWriteBudget { .. } => "over_write_budget",

@@ -1,6 +1,9 @@
-//! Who may reuse a stored state: the model, its chat template, MTP on/off and the policy.
+//! Who may reuse a stored state: the model, its chat template, MTP on/off, the policy and
+//! the element type of its K/V rows.
 
 use std::fmt;
+
+use crate::dtype::KvDtype;
 
 /// Whether the model's MTP head is part of the stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,6 +24,9 @@ pub struct Identity {
     pub chat_template: String,
     pub mtp: Mtp,
     pub policy: String,
+    /// The element type the server keeps K/V rows in: rows stored as one type are never
+    /// offered to a server keeping another (their keys differ).
+    pub kv_dtype: KvDtype,
 }
 
 /// The blake3 digest of an [`Identity`]: stable across builds and platforms.
@@ -28,8 +34,9 @@ pub struct Identity {
 pub struct IdentityDigest(pub [u8; 32]);
 
 impl Identity {
-    /// blake3 over a domain string and each field, length-prefixed (u64 little-endian) so no
-    /// two different identities share an encoding.
+    /// blake3 over a domain string and each field, strings length-prefixed (u64
+    /// little-endian) so no two different identities share an encoding; the K/V element
+    /// type last, as its on-disk code.
     pub fn digest(&self) -> IdentityDigest {
         let mut h = blake3::Hasher::new_derive_key("mtplx-cold identity v1");
         for field in [self.model.as_bytes(), self.chat_template.as_bytes()] {
@@ -42,6 +49,7 @@ impl Identity {
         }]);
         h.update(&(self.policy.len() as u64).to_le_bytes());
         h.update(self.policy.as_bytes());
+        h.update(&[self.kv_dtype.code()]);
         IdentityDigest(*h.finalize().as_bytes())
     }
 }
@@ -62,6 +70,7 @@ mod tests {
             chat_template: template.into(),
             mtp,
             policy: policy.into(),
+            kv_dtype: KvDtype::F32,
         }
     }
 
@@ -72,6 +81,19 @@ mod tests {
         assert_ne!(base, id("m", "t2", Mtp::Off, "p").digest());
         assert_ne!(base, id("m", "t", Mtp::On, "p").digest());
         assert_ne!(base, id("m", "t", Mtp::Off, "p2").digest());
+        // Each element type its own digest, so its keys never collide with another's.
+        let dtypes: std::collections::HashSet<IdentityDigest> = KvDtype::ALL
+            .iter()
+            .map(|&kv_dtype| {
+                Identity {
+                    kv_dtype,
+                    ..id("m", "t", Mtp::Off, "p")
+                }
+                .digest()
+            })
+            .collect();
+        assert_eq!(dtypes.len(), KvDtype::ALL.len());
+        assert!(dtypes.contains(&base));
         // Length prefixes: moving bytes between fields is a different identity.
         assert_ne!(
             id("ab", "c", Mtp::Off, "").digest(),
@@ -82,10 +104,12 @@ mod tests {
     #[test]
     fn digest_is_stable_across_builds() {
         // Pinned: a change here orphans every stored entry and needs a format bump.
+        // Changed with format version 2, which hashes the K/V element type (`kv_dtype`,
+        // f32 here) after the policy.
         let d = id("smollm2-135m", "tmpl", Mtp::On, "default").digest();
         assert_eq!(
             crate::hex::hex(&d.0),
-            "ae00937b8d16b9a0c60c598cb42494060235ba9c46a39702b7f244e4c1ce882a"
+            "84e656baa51285ec082a8d6dbc7b15f7057a5046d3c699725025dcb3e1c59445"
         );
     }
 }

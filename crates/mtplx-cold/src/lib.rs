@@ -4,7 +4,7 @@
 //! state) on disk, content-addressed in 256-token blocks so a shared prefix is stored once,
 //! and restores them at close to the disk's read bandwidth into whatever layout the caller
 //! builds. It knows nothing of tensors, tokio, HTTP or the model: entries are plain
-//! descriptors ([`SpillEntry`], [`KvSource`], [`KvSink`]).
+//! descriptors ([`SpillEntry`], [`KvSource`], [`KvSink`]), and K/V rows plain bytes.
 //!
 //! The bank uses it through [`ColdIndex`]: [`ColdIndex::lookup`] ranks candidates from the
 //! manifest alone (no blob is read), [`ColdIndex::restore`] reads only the blocks up to
@@ -24,9 +24,13 @@
 //!   reads), so nothing a sink received is accepted state until `restore` returns `Ok`.
 //! - A lookup never opens a blob.
 //! - A state is never offered under another [`Identity`]: every key derives from its digest.
+//! - K/V rows are stored as the bytes of their own element type ([`KvDtype`], recorded in
+//!   the entry and in every block) and never converted; the type is part of the identity,
+//!   so rows of one type never reach a server keeping another.
 
 mod budget;
 pub mod codec;
+mod dtype;
 mod entry;
 mod error;
 mod hex;
@@ -44,6 +48,7 @@ mod write_budget;
 mod writer;
 
 pub use budget::{default_cap, physical_ram, ColdConfig, DEFAULT_WRITE_BUDGET_PER_HOUR, GIB};
+pub use dtype::KvDtype;
 pub use entry::SpillEntry;
 pub use error::{Error, ManifestError, OpenError, ReadError, WriteError};
 pub use id::EntryId;

@@ -22,6 +22,10 @@ pub enum MissReason {
     /// A hybrid entry matches, but its newest checkpoint at or below the match lies below
     /// the caller's floor.
     BoundaryBelowFloor,
+    /// Nothing matches under this identity, but the prompt's exact prefix or one of its
+    /// blocks is stored under the same identity with another K/V element type
+    /// ([`crate::Identity::kv_dtype`]): the server's `--kv-dtype` changed.
+    KvFormatMismatch,
 }
 
 impl MissReason {
@@ -35,6 +39,7 @@ impl MissReason {
             MissReason::PayloadMissing => 4,
             MissReason::RestoreError(_) => 5,
             MissReason::BoundaryBelowFloor => 6,
+            MissReason::KvFormatMismatch => 7,
         }
     }
 }
@@ -49,6 +54,7 @@ impl fmt::Display for MissReason {
             MissReason::PayloadMissing => f.write_str("ssd_payload_missing"),
             MissReason::RestoreError(kind) => write!(f, "ssd_restore_error:{}", kind.as_str()),
             MissReason::BoundaryBelowFloor => f.write_str("ssd_prefix_boundary_below_floor"),
+            MissReason::KvFormatMismatch => f.write_str("ssd_kv_format_mismatch"),
         }
     }
 }
@@ -62,6 +68,9 @@ pub enum RestoreErrorKind {
     Foreign,
     Checksum,
     Header,
+    /// A block's header names another K/V element type than its entry (or one this build
+    /// does not know).
+    KvDtype,
     Decode,
     Io,
     Manifest,
@@ -77,6 +86,7 @@ impl RestoreErrorKind {
             RestoreErrorKind::Foreign => "foreign",
             RestoreErrorKind::Checksum => "checksum",
             RestoreErrorKind::Header => "header",
+            RestoreErrorKind::KvDtype => "kv_dtype",
             RestoreErrorKind::Decode => "decode",
             RestoreErrorKind::Io => "io",
             RestoreErrorKind::Manifest => "manifest",
@@ -99,6 +109,8 @@ mod tests {
             MissReason::PayloadMissing,
             MissReason::RestoreError(RestoreErrorKind::Checksum),
             MissReason::BoundaryBelowFloor,
+            MissReason::KvFormatMismatch,
+            MissReason::RestoreError(RestoreErrorKind::KvDtype),
         ]
         .iter()
         .map(|r| r.to_string())
@@ -112,8 +124,28 @@ mod tests {
                 "ssd_format_mismatch",
                 "ssd_payload_missing",
                 "ssd_restore_error:checksum",
-                "ssd_prefix_boundary_below_floor"
+                "ssd_prefix_boundary_below_floor",
+                "ssd_kv_format_mismatch",
+                "ssd_restore_error:kv_dtype",
             ]
         );
+    }
+
+    #[test]
+    fn codes_are_kept_and_the_new_reason_takes_the_next() {
+        let ranks: Vec<u8> = [
+            MissReason::CacheOff,
+            MissReason::EmptyLookup,
+            MissReason::PrefixMiss,
+            MissReason::FormatMismatch,
+            MissReason::PayloadMissing,
+            MissReason::RestoreError(RestoreErrorKind::Io),
+            MissReason::BoundaryBelowFloor,
+            MissReason::KvFormatMismatch,
+        ]
+        .iter()
+        .map(|r| r.rank())
+        .collect();
+        assert_eq!(ranks, [0, 1, 2, 3, 4, 5, 6, 7]);
     }
 }

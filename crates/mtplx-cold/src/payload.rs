@@ -4,27 +4,37 @@
 
 use std::ops::Range;
 
+use crate::dtype::KvDtype;
+
 /// A boxed error from the caller's side of a [`KvSource`] or [`KvSink`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The shape of a model's attention KV state. One K (or V) row is one position of one layer:
-/// `kv_heads * head_dim` f32 values, heads outermost.
+/// The shape of a model's attention KV state and the type of its values. One K (or V) row
+/// is one position of one layer: `kv_heads * head_dim` values of `dtype`, heads outermost.
+/// Rows travel as bytes (the values' little-endian bytes, [`KvGeometry::row_bytes`] a row);
+/// the cold tier stores them as they are and never interprets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvGeometry {
     pub layers: u32,
     pub kv_heads: u32,
     pub head_dim: u32,
+    pub dtype: KvDtype,
 }
 
 impl KvGeometry {
-    /// f32 values in one K (or V) row.
+    /// Values in one K (or V) row.
     pub fn row_len(&self) -> usize {
         self.kv_heads as usize * self.head_dim as usize
     }
 
-    /// Bytes one token costs on disk: all layers, K and V, f32.
+    /// Bytes of one K (or V) row: `row_len` values of `dtype`.
+    pub fn row_bytes(&self) -> usize {
+        self.row_len() * self.dtype.size()
+    }
+
+    /// Bytes one token costs on disk: all layers, K and V.
     pub fn bytes_per_token(&self) -> u64 {
-        2 * self.layers as u64 * self.row_len() as u64 * 4
+        2 * self.layers as u64 * self.row_bytes() as u64
     }
 
     pub(crate) fn is_valid(&self) -> bool {
@@ -87,18 +97,18 @@ pub struct DirectLayer<'s> {
 }
 
 /// Consecutive positions of one layer held in one of the sink's buffers: `k` and `v` hold
-/// `positions.len() * row_len` values each, positions outermost.
+/// `positions.len() * row_bytes` bytes each, positions outermost. They need no alignment.
 #[derive(Debug)]
 pub struct DirectPiece<'s> {
     pub positions: Range<usize>,
-    pub k: &'s mut [f32],
-    pub v: &'s mut [f32],
+    pub k: &'s mut [u8],
+    pub v: &'s mut [u8],
 }
 
 impl<'s> DirectLayer<'s> {
     /// A layer held in one buffer: positions `0..rows`, `k` and `v` holding exactly
-    /// `rows * row_len` values each.
-    pub fn whole(rows: usize, k: &'s mut [f32], v: &'s mut [f32]) -> DirectLayer<'s> {
+    /// `rows * row_bytes` bytes each.
+    pub fn whole(rows: usize, k: &'s mut [u8], v: &'s mut [u8]) -> DirectLayer<'s> {
         DirectLayer {
             pieces: vec![DirectPiece {
                 positions: 0..rows,
@@ -111,14 +121,15 @@ impl<'s> DirectLayer<'s> {
 
 /// Where a spill reads K/V rows from (the bank wraps its KV view in one).
 pub trait KvSource: Send + Sync {
-    /// Copies rows `range` of `layer` into `k` and `v`, each `range.len() * row_len` f32,
-    /// positions outermost.
+    /// Copies rows `range` of `layer` into `k` and `v`, each `range.len() * row_bytes`
+    /// bytes (values of the entry's [`KvGeometry::dtype`], little-endian), positions
+    /// outermost. The slices need not be aligned for the element type.
     fn read_rows(
         &self,
         layer: usize,
         range: Range<usize>,
-        k: &mut [f32],
-        v: &mut [f32],
+        k: &mut [u8],
+        v: &mut [u8],
     ) -> Result<(), BoxError>;
 }
 
@@ -152,17 +163,19 @@ pub trait KvSink {
     /// several pieces, a piece several blocks), with no staging copy, and makes no
     /// [`KvSink::write_rows`] calls. Called once, right after `begin`. `None` (the default)
     /// selects `write_rows`. Layers of the wrong number, or pieces that don't cover
-    /// `0..rows` in order with `row_len` values per position, fail the restore.
+    /// `0..rows` in order with `row_bytes` bytes per position, fail the restore.
     fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
         None
     }
-    /// Rows `start .. start + k.len() / row_len` of `layer`.
+    /// Rows `start .. start + k.len() / row_bytes` of `layer`, as stored: values of the
+    /// geometry's dtype given to [`KvSink::begin`], little-endian. The slices need not be
+    /// aligned for the element type.
     fn write_rows(
         &mut self,
         layer: usize,
         start: usize,
-        k: &[f32],
-        v: &[f32],
+        k: &[u8],
+        v: &[u8],
     ) -> Result<(), BoxError>;
     /// The recurrent state at the restore point.
     fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
@@ -180,31 +193,37 @@ pub trait KvSink {
     fn discard(&mut self) {}
 }
 
-/// K/V rows held in plain vectors, one pair per layer (positions outermost). A simple
-/// [`KvSource`] and [`KvSink`] for callers without a layout of their own, and for tests.
+/// K/V rows held in plain vectors of bytes, one pair per layer (positions outermost, each
+/// value little-endian in the geometry's dtype). A simple [`KvSource`] and [`KvSink`] for
+/// callers without a layout of their own, and for tests.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct KvRows {
     pub geometry: Option<KvGeometry>,
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    pub k: Vec<Vec<u8>>,
+    pub v: Vec<Vec<u8>>,
     pub recurrent: Option<RecurrentCheckpoint>,
     pub tail: Option<TailState>,
 }
 
 impl KvRows {
-    /// Rows from a function of (layer, position, index in row, is_v).
+    /// Rows from a function of (layer, position, index in row, is_v), each value encoded
+    /// in the geometry's dtype (f16 and bf16 round to nearest even).
     pub fn from_fn(
         geometry: KvGeometry,
         positions: usize,
         f: impl Fn(usize, usize, usize, bool) -> f32,
     ) -> KvRows {
         let row = geometry.row_len();
-        let layer = |is_v| -> Vec<Vec<f32>> {
+        let layer = |is_v| -> Vec<Vec<u8>> {
             (0..geometry.layers as usize)
                 .map(|l| {
-                    (0..positions * row)
-                        .map(|i| f(l, i / row, i % row, is_v))
-                        .collect()
+                    let mut out = Vec::with_capacity(positions * geometry.row_bytes());
+                    for i in 0..positions * row {
+                        geometry
+                            .dtype
+                            .encode(f(l, i / row, i % row, is_v), &mut out);
+                    }
+                    out
                 })
                 .collect()
         };
@@ -220,14 +239,29 @@ impl KvRows {
     /// Positions held (in layer 0).
     pub fn positions(&self) -> usize {
         match (self.geometry, self.k.first()) {
-            (Some(g), Some(k)) => k.len() / g.row_len(),
+            (Some(g), Some(k)) => k.len() / g.row_bytes(),
             _ => 0,
         }
     }
 
+    /// The values of `layer`'s K (or, `is_v`, V) rows, decoded from the geometry's dtype
+    /// (empty without a geometry or such a layer).
+    pub fn values(&self, layer: usize, is_v: bool) -> Vec<f32> {
+        let (Some(g), Some(bytes)) = (
+            self.geometry,
+            if is_v { &self.v } else { &self.k }.get(layer),
+        ) else {
+            return Vec::new();
+        };
+        bytes
+            .chunks_exact(g.dtype.size())
+            .map(|b| g.dtype.decode(b))
+            .collect()
+    }
+
     /// The first `positions` rows of every layer.
     pub fn truncated(&self, positions: usize) -> KvRows {
-        let n = positions * self.geometry.map_or(0, |g| g.row_len());
+        let n = positions * self.geometry.map_or(0, |g| g.row_bytes());
         KvRows {
             geometry: self.geometry,
             k: self.k.iter().map(|l| l[..n].to_vec()).collect(),
@@ -243,10 +277,10 @@ impl KvSource for KvRows {
         &self,
         layer: usize,
         range: Range<usize>,
-        k: &mut [f32],
-        v: &mut [f32],
+        k: &mut [u8],
+        v: &mut [u8],
     ) -> Result<(), BoxError> {
-        let row = self.geometry.ok_or("no geometry")?.row_len();
+        let row = self.geometry.ok_or("no geometry")?.row_bytes();
         let span = range.start * row..range.end * row;
         let (sk, sv) = (self.k.get(layer), self.v.get(layer));
         match (
@@ -265,7 +299,7 @@ impl KvSource for KvRows {
 
 impl KvSink for KvRows {
     fn begin(&mut self, geometry: KvGeometry, rows: usize) -> Result<(), BoxError> {
-        let n = rows * geometry.row_len();
+        let n = rows * geometry.row_bytes();
         self.geometry = Some(geometry);
         self.k = (0..geometry.layers)
             .map(|_| Vec::with_capacity(n))
@@ -280,10 +314,10 @@ impl KvSink for KvRows {
         &mut self,
         layer: usize,
         start: usize,
-        k: &[f32],
-        v: &[f32],
+        k: &[u8],
+        v: &[u8],
     ) -> Result<(), BoxError> {
-        let row = self.geometry.ok_or("begin was not called")?.row_len();
+        let row = self.geometry.ok_or("begin was not called")?.row_bytes();
         let (lk, lv) = (&mut self.k[layer], &mut self.v[layer]);
         if lk.len() != start * row {
             return Err(format!("layer {layer}: rows from {start} arrived out of order").into());
@@ -294,8 +328,8 @@ impl KvSink for KvRows {
     }
 
     fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
-        let row = self.geometry?.row_len();
-        // `begin` reserved exactly `rows * row` values per layer (`Vec::with_capacity`
+        let row = self.geometry?.row_bytes();
+        // `begin` reserved exactly `rows * row` bytes per layer (`Vec::with_capacity`
         // guarantees the requested capacity).
         let rows = self.k.first().map_or(0, Vec::capacity) / row;
         Some(
@@ -303,14 +337,13 @@ impl KvSink for KvRows {
                 .iter_mut()
                 .zip(self.v.iter_mut())
                 .map(|(k, v)| {
-                    k.resize(rows * row, 0.0);
-                    v.resize(rows * row, 0.0);
+                    k.resize(rows * row, 0);
+                    v.resize(rows * row, 0);
                     DirectLayer::whole(rows, k, v)
                 })
                 .collect(),
         )
     }
-
     fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
         self.recurrent = Some(checkpoint);
         Ok(())

@@ -97,20 +97,27 @@ fn a_foreign_file_in_place_of_a_blob_is_a_named_miss() {
     assert_eq!(err.miss_reason().to_string(), "ssd_restore_error:foreign");
 }
 
+/// Version 1 (f32 rows, no element type recorded) and a newer one alike.
 #[test]
 fn a_blob_of_another_format_version_is_a_format_mismatch() {
-    let (st, store, hit, _) = stored();
-    let (path, len) = blobs(&st)
-        .into_iter()
-        .find(|(p, _)| p.extension().unwrap() == "kv")
-        .unwrap();
-    let f = mtplx_cold::storage::Storage::open(&st, &path).unwrap();
-    let mut bytes = vec![0; len as usize];
-    f.read_at(0, &mut bytes).unwrap();
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
-    st.overwrite(&path, bytes).unwrap();
-    let err = restore(&store, &hit).unwrap_err();
-    assert_eq!(err.miss_reason().to_string(), "ssd_format_mismatch");
+    for version in [1, mtplx_cold::FORMAT_VERSION + 1] {
+        let (st, store, hit, _) = stored();
+        let (path, len) = blobs(&st)
+            .into_iter()
+            .find(|(p, _)| p.extension().unwrap() == "kv")
+            .unwrap();
+        let f = mtplx_cold::storage::Storage::open(&st, &path).unwrap();
+        let mut bytes = vec![0; len as usize];
+        f.read_at(0, &mut bytes).unwrap();
+        bytes[8..12].copy_from_slice(&u32::to_le_bytes(version));
+        st.overwrite(&path, bytes).unwrap();
+        let err = restore(&store, &hit).unwrap_err();
+        assert_eq!(
+            err.miss_reason().to_string(),
+            "ssd_format_mismatch",
+            "{version}"
+        );
+    }
 }
 
 #[test]

@@ -3,35 +3,43 @@
 //! memory, by several threads; or staged and handed over through `write_rows` — delivers
 //! the same, exact rows at any restore point, in several extents per block; a block that
 //! fails its checksum after some of its rows reached the sink ends the restore with a named
-//! miss and a `discard`; and lent pieces that don't cover the rows in order fail it.
+//! miss and a `discard`; and lent pieces that don't cover the rows in order fail it. Rows
+//! are bytes of any element type, lent or handed over at any alignment.
 
 mod common;
 
 use common::*;
 use mtplx_cold::storage::FaultyStorage;
 use mtplx_cold::{
-    BoxError, ColdIndex, DirectLayer, DirectPiece, KvGeometry, KvRows, KvSink, ReadPath, Recurrent,
-    RecurrentCheckpoint, SpillEntry, TailState,
+    BoxError, ColdIndex, DirectLayer, DirectPiece, KvDtype, KvGeometry, KvRows, KvSink, ReadPath,
+    Recurrent, RecurrentCheckpoint, SpillEntry, TailState,
 };
 use proptest::prelude::*;
 
-/// Wide enough that a block is read in several extents (512 KiB per layer of a block).
-const WIDE: KvGeometry = KvGeometry {
-    layers: 4,
-    kv_heads: 4,
-    head_dim: 64,
-};
+/// Wide enough that a block is read in several extents (512 KiB per layer of a block, in
+/// any element type: 1 KiB rows).
+fn wide(dtype: KvDtype) -> KvGeometry {
+    KvGeometry {
+        layers: 4,
+        kv_heads: 4,
+        head_dim: 256 / dtype.size() as u32,
+        dtype,
+    }
+}
 
-fn wide_rows(tokens: &[u32]) -> KvRows {
-    KvRows::from_fn(WIDE, tokens.len(), |l, p, i, v| {
+const WIDE: KvDtype = KvDtype::F32;
+
+fn wide_rows(dtype: KvDtype, tokens: &[u32]) -> KvRows {
+    KvRows::from_fn(wide(dtype), tokens.len(), |l, p, i, v| {
         tokens[p] as f32 * 0.5 + l as f32 * 1000.0 + i as f32 + if v { 0.25 } else { 0.0 }
     })
 }
 
-fn wide_entry(tokens: &[u32]) -> SpillEntry {
+fn wide_entry(dtype: KvDtype, tokens: &[u32]) -> SpillEntry {
     SpillEntry {
-        geometry: WIDE,
-        kv: Box::new(wide_rows(tokens)),
+        identity: identity_of(dtype),
+        geometry: wide(dtype),
+        kv: Box::new(wide_rows(dtype, tokens)),
         recurrent: Recurrent::None,
         ..entry(tokens)
     }
@@ -49,7 +57,7 @@ impl KvSink for Staged {
         self.rows.begin(g, rows)
     }
 
-    fn write_rows(&mut self, l: usize, start: usize, k: &[f32], v: &[f32]) -> Result<(), BoxError> {
+    fn write_rows(&mut self, l: usize, start: usize, k: &[u8], v: &[u8]) -> Result<(), BoxError> {
         self.rows.write_rows(l, start, k, v)
     }
 
@@ -67,11 +75,15 @@ impl KvSink for Staged {
 }
 
 /// Lends its rows in pieces of `page` positions (0: one piece per layer), as a paged cache
-/// does; counts `write_rows` calls, to show the direct path makes none.
+/// does; counts `write_rows` calls, to show the direct path makes none. `odd`: the rows it
+/// lends start one byte into its buffers, aligned for no element type.
 #[derive(Default)]
 struct Direct {
     rows: KvRows,
     page: usize,
+    odd: bool,
+    /// Per layer, K and V, when `odd`: one byte, then the rows.
+    shifted: Vec<(Vec<u8>, Vec<u8>)>,
     calls: usize,
     discarded: bool,
 }
@@ -82,6 +94,23 @@ impl Direct {
             page,
             ..Direct::default()
         }
+    }
+
+    fn odd(page: usize) -> Direct {
+        Direct {
+            odd: true,
+            ..Direct::paged(page)
+        }
+    }
+
+    /// The rows received, wherever they were lent from.
+    fn received(&self, point: usize) -> KvRows {
+        let mut rows = self.rows.clone();
+        if self.odd {
+            rows.k = self.shifted.iter().map(|l| l.0[1..].to_vec()).collect();
+            rows.v = self.shifted.iter().map(|l| l.1[1..].to_vec()).collect();
+        }
+        rows.truncated(point)
     }
 }
 
@@ -108,15 +137,28 @@ impl KvSink for Direct {
     }
 
     fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
-        let (page, row) = (self.page, self.rows.geometry?.row_len());
-        let layers = self.rows.direct_rows()?;
+        let (page, row) = (self.page, self.rows.geometry?.row_bytes());
+        let layers = match self.odd {
+            false => self.rows.direct_rows()?,
+            true => {
+                let n = self.rows.k.first()?.capacity();
+                let rows = n / row;
+                self.shifted = (0..self.rows.k.len())
+                    .map(|_| (vec![0xa5; n + 1], vec![0x5a; n + 1]))
+                    .collect();
+                self.shifted
+                    .iter_mut()
+                    .map(|(k, v)| DirectLayer::whole(rows, &mut k[1..], &mut v[1..]))
+                    .collect()
+            }
+        };
         match page {
             0 => Some(layers),
             _ => Some(layers.into_iter().map(|l| in_pages(l, page, row)).collect()),
         }
     }
 
-    fn write_rows(&mut self, l: usize, start: usize, k: &[f32], v: &[f32]) -> Result<(), BoxError> {
+    fn write_rows(&mut self, l: usize, start: usize, k: &[u8], v: &[u8]) -> Result<(), BoxError> {
         self.calls += 1;
         self.rows.write_rows(l, start, k, v)
     }
@@ -135,26 +177,30 @@ proptest! {
 
     /// `page` 0 lends one piece per layer; 16 and 64 divide a block, 1, 7, 100 and 300 don't
     /// (300 spans blocks).
+    /// Rows of every element type; lent pieces aligned or not (`odd`).
     #[test]
     fn direct_and_staged_restores_deliver_the_same_exact_rows(
         len in 1usize..800,
         cut in 0.0f64..1.0,
         page in prop::sample::select(vec![0usize, 1, 7, 16, 64, 100, 300]),
+        dtype in prop::sample::select(KvDtype::ALL.to_vec()),
+        odd in any::<bool>(),
     ) {
         let st = FaultyStorage::new();
         let store = open(&st, config());
         let t = tokens(len, 3);
-        store.put(&wide_entry(&t)).unwrap();
+        store.put(&wide_entry(dtype, &t)).unwrap();
         // A block prefix of a longer prompt restores mid-entry when it is partial.
         let point = ((len as f64 * cut) as usize).max(1);
-        let full = lookup(&store, &t).exact.unwrap();
+        let full = lookup_as(&store, &identity_of(dtype), &t).exact.unwrap();
         let hit = mtplx_cold::ColdCandidate { restore_point: point, tail: point == len, ..full };
-        let want = wide_rows(&t).truncated(point);
+        let want = wide_rows(dtype, &t).truncated(point);
+        let sink = |page| if odd { Direct::odd(page) } else { Direct::paged(page) };
 
-        let mut direct = Direct::paged(page);
+        let mut direct = sink(page);
         let report = store.restore(&hit, &mut direct).unwrap();
         prop_assert_eq!(direct.calls, 0);
-        prop_assert_eq!(direct.rows.truncated(point), want.clone());
+        prop_assert_eq!(direct.received(point), want.clone());
         prop_assert_eq!(report.rows, point);
         prop_assert_eq!(report.blocks_read, point.div_ceil(256));
         prop_assert_eq!(report.read_path, ReadPath::Streamed);
@@ -169,12 +215,12 @@ proptest! {
         // The blobs in memory: a direct sink's blocks are read by several threads; a
         // staged sink still streams.
         st.set_resident(true);
-        let mut resident = Direct::paged(page);
+        let mut resident = sink(page);
         let r = store.restore(&hit, &mut resident).unwrap();
         let resident_path = matches!(r.read_path, ReadPath::Resident { threads } if threads >= 1);
         prop_assert!(resident_path, "{:?}", r.read_path);
         prop_assert_eq!(resident.calls, 0);
-        prop_assert_eq!(resident.rows.truncated(point), want.clone());
+        prop_assert_eq!(resident.received(point), want.clone());
         prop_assert_eq!(resident.rows.tail.is_some(), point == len);
         prop_assert_eq!((r.rows, r.blocks_read, r.bytes_read), (report.rows, report.blocks_read, report.bytes_read));
         let mut staged = Staged::default();
@@ -202,7 +248,7 @@ fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
         st.set_resident(resident);
         let store = open(&st, config());
         let t = tokens(700, 5);
-        store.put(&wide_entry(&t)).unwrap();
+        store.put(&wide_entry(WIDE, &t)).unwrap();
         let hit = lookup(&store, &t).exact.unwrap();
         let keys = mtplx_cold::block_keys(&identity().digest(), &t);
         let path = std::path::Path::new("blobs").join(format!("{}.kv", keys[1]));
@@ -249,7 +295,7 @@ fn pieces_that_dont_cover_the_rows_in_order_fail_the_restore() {
             self.rows.begin(g, rows)
         }
         fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
-            let row = self.rows.geometry?.row_len();
+            let row = self.rows.geometry?.row_bytes();
             let how = self.how;
             let mut layers: Vec<_> = self
                 .rows
@@ -274,7 +320,7 @@ fn pieces_that_dont_cover_the_rows_in_order_fail_the_restore() {
             }
             Some(layers)
         }
-        fn write_rows(&mut self, _: usize, _: usize, _: &[f32], _: &[f32]) -> Result<(), BoxError> {
+        fn write_rows(&mut self, _: usize, _: usize, _: &[u8], _: &[u8]) -> Result<(), BoxError> {
             Err("no write_rows after direct rows".into())
         }
         fn discard(&mut self) {
@@ -284,7 +330,7 @@ fn pieces_that_dont_cover_the_rows_in_order_fail_the_restore() {
     let st = FaultyStorage::new();
     let store = open(&st, config());
     let t = tokens(300, 2);
-    store.put(&wide_entry(&t)).unwrap();
+    store.put(&wide_entry(WIDE, &t)).unwrap();
     let hit = lookup(&store, &t).exact.unwrap();
     for how in 0..4 {
         let mut sink = Bad {
@@ -307,7 +353,7 @@ fn kv_rows_discards_itself() {
     let st = FaultyStorage::new();
     let store = open(&st, config());
     let t = tokens(300, 1);
-    store.put(&wide_entry(&t)).unwrap();
+    store.put(&wide_entry(WIDE, &t)).unwrap();
     let hit = lookup(&store, &t).exact.unwrap();
     let keys = mtplx_cold::block_keys(&identity().digest(), &t);
     st.flip_bit(

@@ -122,8 +122,8 @@ impl mtplx_cold::KvSink for Refusing {
         &mut self,
         _: usize,
         _: usize,
-        _: &[f32],
-        _: &[f32],
+        _: &[u8],
+        _: &[u8],
     ) -> Result<(), mtplx_cold::BoxError> {
         if self.left == 0 {
             return Err("cache full".into());

@@ -23,8 +23,8 @@ impl KvSource for Watched {
         &self,
         l: usize,
         r: Range<usize>,
-        k: &mut [f32],
-        v: &mut [f32],
+        k: &mut [u8],
+        v: &mut [u8],
     ) -> Result<(), BoxError> {
         let _ = self.reads.lock().unwrap().send(r.start);
         self.rows.read_rows(l, r, k, v)

@@ -36,6 +36,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::elem::KvElem;
 use crate::pool::Pool;
 
 /// Bench-only attention that gives up invariance (see `mtplx-model/benches/invariance_cost.rs`).
@@ -54,9 +55,15 @@ pub const ATTN_SPAN: usize = 256;
 
 /// Random access to the K and V rows of one layer. A row holds all KV heads of one position
 /// (`kv_heads * head_dim` values).
+///
+/// Rows are stored as [`RowSource::Elem`] and widened to `f32` (exactly) as the kernel reads
+/// them: the arithmetic below runs on the stored values, whatever their type.
 pub trait RowSource: Sync {
-    fn k_row(&self, pos: usize) -> &[f32];
-    fn v_row(&self, pos: usize) -> &[f32];
+    /// What the rows are stored as.
+    type Elem: KvElem;
+
+    fn k_row(&self, pos: usize) -> &[Self::Elem];
+    fn v_row(&self, pos: usize) -> &[Self::Elem];
 
     /// The K and V rows from `start` to the end of the stored run that holds `start`: rows
     /// the layout keeps back to back (a contiguous layer, a paged block, a segment). The
@@ -65,11 +72,14 @@ pub trait RowSource: Sync {
     /// [`RowSource::k_row`] / [`RowSource::v_row`]. Either way the kernel performs the same
     /// arithmetic on the same values, so this is a speed hint only: it never changes a
     /// result.
-    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
+    fn run(&self, start: usize) -> Option<Run<'_, Self::Elem>> {
         let _ = start;
         None
     }
 }
+
+/// K and V rows stored back to back ([`RowSource::run`]).
+pub type Run<'a, E> = (&'a [E], &'a [E]);
 
 /// The geometry of one attention call.
 #[derive(Debug, Clone, Copy)]
@@ -156,6 +166,18 @@ pub fn attend_with<S: RowSource>(
     g: AttnGeometry,
     out: &mut [f32],
 ) {
+    attend_on(Isa::detect(), pool, src, q, g, out)
+}
+
+/// [`attend_with`] on the instruction set `isa` (tests compare them).
+fn attend_on<S: RowSource>(
+    isa: Isa,
+    pool: &Pool,
+    src: &S,
+    q: &[f32],
+    g: AttnGeometry,
+    out: &mut [f32],
+) {
     let per_q = g.q_heads * g.head_dim;
     assert!(g.head_dim <= MAX_HEAD_DIM && g.head_dim > 0, "head_dim");
     assert!(g.kv_heads > 0 && g.q_heads.is_multiple_of(g.kv_heads));
@@ -168,23 +190,17 @@ pub fn attend_with<S: RowSource>(
     let group = g.q_heads / g.kv_heads;
     let chunks = (n_q * group).div_ceil(TILE_VECTORS);
     let spans = (g.first_pos + n_q - 1) / ATTN_SPAN + 1;
-    let isa = Isa::detect();
     let items = g.kv_heads * chunks;
     if items >= 2 * pool.threads() || spans == 1 {
         let out_ptr = OutPtr(out.as_mut_ptr());
         // Enough items: each folds every span of its query heads and writes their output.
-        let next = AtomicUsize::new(0);
-        pool.run(pool.threads().min(items), &|_| loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= items {
-                break;
-            }
+        for_each_item(pool, items, &|i, scratch| {
             // The latest queries see the most keys: start with them.
             let (chunk, kvh) = (chunks - 1 - i / g.kv_heads, i % g.kv_heads);
             let item = Item::new(q, g, n_q, kvh, chunk, 0..usize::MAX);
             // SAFETY: items write disjoint query heads of `out` (each query head belongs to
             // one KV head and one chunk), and `out` outlives `run`; `isa` runs on this CPU.
-            unsafe { isa.run(src, &item, Dst::Out(out_ptr)) };
+            unsafe { isa.run(src, &item, Dst::Out(out_ptr), scratch) };
         });
         return;
     }
@@ -197,12 +213,7 @@ pub fn attend_with<S: RowSource>(
         partial.clear();
         partial.resize(split * slot, 0.0);
         let part = PartPtr(partial.as_mut_ptr());
-        let next = AtomicUsize::new(0);
-        pool.run(pool.threads().min(split), &|_| loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= split {
-                break;
-            }
+        for_each_item(pool, split, &|i, scratch| {
             // The newest span first: it has the most query heads.
             let (span, at) = (spans - 1 - i / items, i % items);
             let (chunk, kvh) = (at / g.kv_heads, at % g.kv_heads);
@@ -210,7 +221,7 @@ pub fn attend_with<S: RowSource>(
             let item = Item::new(q, g, n_q, kvh, chunk, keys);
             // SAFETY: each item writes its own slot of `partial`, which outlives `run`.
             let dst = unsafe { part.at((span * items + at) * slot) };
-            unsafe { isa.run(src, &item, Dst::Partial(dst)) };
+            unsafe { isa.run(src, &item, Dst::Partial(dst), scratch) };
         });
         for at in 0..items {
             let (chunk, kvh) = (at / g.kv_heads, at % g.kv_heads);
@@ -243,6 +254,47 @@ pub fn attend_with<S: RowSource>(
 thread_local! {
     /// The span states of a split call, reused from call to call.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each worker's item buffers, allocated once.
+    static ITEM_SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::new());
+}
+
+/// One item's working buffers (query heads' accumulators, a key block transposed, a value
+/// block widened): kept per thread, so an item clears only what it uses.
+pub(crate) struct Scratch {
+    acc: Vec<f32>,
+    macc: Vec<f32>,
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch {
+            acc: vec![0.0; TILE_VECTORS * MAX_HEAD_DIM],
+            macc: vec![0.0; TILE_VECTORS * MAX_HEAD_DIM],
+            kt: vec![0.0; MAX_HEAD_DIM * ATTN_BLOCK],
+            vt: vec![0.0; MAX_HEAD_DIM * ATTN_BLOCK],
+        }
+    }
+}
+
+/// Runs `f(i, scratch)` for every `i < n` on `pool`'s threads, each taking the next index
+/// as it finishes one (so a slow item does not hold back the rest), with its own
+/// [`Scratch`].
+pub(crate) fn for_each_item(pool: &Pool, n: usize, f: &(dyn Fn(usize, &mut Scratch) + Sync)) {
+    let next = AtomicUsize::new(0);
+    pool.run(pool.threads().min(n), &|_| {
+        ITEM_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                f(i, &mut scratch);
+            }
+        })
+    });
 }
 
 /// Where an item's results go.
@@ -366,10 +418,11 @@ impl Isa {
                 if std::env::var_os("MTPLX_ATTN_PORTABLE").is_some() {
                     return Isa::Portable;
                 }
-                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+                let f16c = is_x86_feature_detected!("f16c");
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") && f16c {
                     return Isa::Avx512;
                 }
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && f16c {
                     return Isa::Avx2;
                 }
             }
@@ -379,27 +432,71 @@ impl Isa {
 
     /// # Safety
     /// As [`item`]; `self` came from [`Isa::detect`].
-    unsafe fn run<S: RowSource>(self, src: &S, it: &Item<'_>, out: Dst) {
+    unsafe fn run<S: RowSource>(self, src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => item_avx512(src, it, out),
+            Isa::Avx512 => item_avx512(src, it, out, s),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => item_avx2(src, it, out),
-            Isa::Portable => item(src, it, out),
+            Isa::Avx2 => item_avx2(src, it, out, s),
+            Isa::Portable => item::<S, false>(src, it, out, s),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn item_avx512<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
-    item(src, it, out)
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn item_avx512<S: RowSource>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
+    item::<S, true>(src, it, out, s)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn item_avx2<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
-    item(src, it, out)
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn item_avx2<S: RowSource>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
+    item::<S, true>(src, it, out, s)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// How many key blocks ahead of the one being folded the kernel prefetches.
+const PREFETCH_BLOCKS: usize = 2;
+
+/// Prefetches the head slice `off..off + hd` of the first [`ATTN_BLOCK`] K and V rows of
+/// a run (fewer if the run is shorter), one hint per cache line. A hint only: no result
+/// depends on it.
+#[inline(always)]
+fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, hd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let size = std::mem::size_of::<E>();
+        let rows = (ks.len() / row).min(ATTN_BLOCK);
+        for j in 0..rows {
+            let (k, v) = (&ks[j * row + off..][..hd], &vs[j * row + off..][..hd]);
+            for at in (0..hd * size).step_by(64) {
+                // SAFETY: `_mm_prefetch` is SSE (every x86_64 CPU); the addresses are inside
+                // the slices, and a prefetch never faults or changes memory anyway.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>((k.as_ptr() as *const i8).add(at));
+                    _mm_prefetch::<_MM_HINT_T0>((v.as_ptr() as *const i8).add(at));
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ks, vs, row, off, hd);
+}
+
+/// `dst = src` widened; `F16C`: the caller runs with AVX2 and F16C enabled (its
+/// conversions then inline here).
+#[inline(always)]
+unsafe fn widen<E: KvElem, const F16C: bool>(src: &[E], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if F16C {
+        // SAFETY: the caller was compiled for, and detected, AVX2 and F16C.
+        return E::widen_f16c(src, dst);
+    }
+    E::widen(src, dst)
 }
 
 /// The online-softmax state of one query head.
@@ -417,7 +514,12 @@ struct State {
 /// `out` points to the `out` of [`attend_with`] (or a slot of its span states); no other
 /// thread writes these query heads.
 #[inline(always)]
-unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
+unsafe fn item<S: RowSource, const F16C: bool>(
+    src: &S,
+    it: &Item<'_>,
+    out: Dst,
+    scratch: &mut Scratch,
+) {
     let g = it.g;
     let hd = g.head_dim;
     let row = g.kv_heads * hd;
@@ -429,12 +531,16 @@ unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
         l: 0.0,
     };
     let mut st = [fresh; TILE_VECTORS];
-    let mut acc = [0f32; TILE_VECTORS * MAX_HEAD_DIM];
-    // The spans before the current one, merged (`None`: still in the first).
+    let Scratch { acc, macc, kt, vt } = scratch;
+    let acc = &mut acc[..nv * hd];
+    acc.fill(0.0);
+    // The spans before the current one, merged (`None`: still in the first; `macc` is
+    // written before it is read).
     let mut merged = [None::<State>; TILE_VECTORS];
-    let mut macc = [0f32; TILE_VECTORS * MAX_HEAD_DIM];
-    let mut kt = [0f32; MAX_HEAD_DIM * ATTN_BLOCK];
-    let mut vrows: [&[f32]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
+    // One key's row, widened; the block's values, widened, by row (keys past the block's
+    // end keep stale values: their scores are computed and never used).
+    let mut kw = [0f32; MAX_HEAD_DIM];
+    let mut vrows: [&[S::Elem]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
     let last = it.pos_of(nv - 1).min(it.keys.end - 1);
     let mut start = it.keys.start;
     while start <= last {
@@ -455,21 +561,55 @@ unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
                 acc[v * hd..(v + 1) * hd].fill(0.0);
             }
         }
+        // Ask for the rows a few blocks ahead now: a decode step streams keys from memory,
+        // and the hardware prefetchers miss a head's slice of each row (a strided read).
+        let ahead = start + PREFETCH_BLOCKS * ATTN_BLOCK;
+        if ahead + ATTN_BLOCK <= last + 1 {
+            if let Some((ks, vs)) = src.run(ahead) {
+                prefetch_rows(ks, vs, row, off, hd);
+            }
+        }
         // The block's keys, transposed; its values, by row.
         let run = src.run(start).filter(|(ks, _)| ks.len() >= nb * row);
+        let mut krows: [&[S::Elem]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
         for j in 0..nb {
-            let (k, v) = match run {
+            (krows[j], vrows[j]) = match run {
                 Some((ks, vs)) => (&ks[j * row + off..][..hd], &vs[j * row + off..][..hd]),
                 None => (
                     &src.k_row(start + j)[off..off + hd],
                     &src.v_row(start + j)[off..off + hd],
                 ),
             };
-            for (d, &x) in k.iter().enumerate() {
-                kt[d * ATTN_BLOCK + j] = x;
+            if S::Elem::as_f32(vrows[j]).is_none() {
+                widen::<_, F16C>(vrows[j], &mut vt[j * hd..(j + 1) * hd]);
             }
-            vrows[j] = v;
         }
+        #[cfg(target_arch = "x86_64")]
+        let transposed = F16C && nb == ATTN_BLOCK && hd.is_multiple_of(8);
+        #[cfg(not(target_arch = "x86_64"))]
+        let transposed = false;
+        if transposed {
+            #[cfg(target_arch = "x86_64")]
+            x86::transpose_block(&krows, hd, kt);
+        } else {
+            for (j, k) in krows.iter().enumerate().take(nb) {
+                let k = match S::Elem::as_f32(k) {
+                    Some(k) => k,
+                    None => {
+                        widen::<_, F16C>(k, &mut kw[..hd]);
+                        &kw[..hd]
+                    }
+                };
+                for (d, &x) in k.iter().enumerate() {
+                    kt[d * ATTN_BLOCK + j] = x;
+                }
+            }
+        }
+        // The values as `f32`: in place when stored so, else widened into `vt`.
+        let vs: [&[f32]; ATTN_BLOCK] = std::array::from_fn(|j| match S::Elem::as_f32(vrows[j]) {
+            Some(v) => v,
+            None => &vt[j * hd..(j + 1) * hd],
+        });
         let mut v0 = first_active;
         while v0 < nv {
             let take = GROUP.min(nv - v0);
@@ -482,7 +622,7 @@ unsafe fn item<S: RowSource>(src: &S, it: &Item<'_>, out: Dst) {
                 let v = v0 + r;
                 let n = nb.min(it.pos_of(v) + 1 - start);
                 let a = &mut acc[v * hd..(v + 1) * hd];
-                fold(&mut st[v], a, sc, n, &vrows);
+                fold(&mut st[v], a, sc, n, &vs);
             }
             v0 += take;
         }
@@ -554,214 +694,45 @@ fn fold(st: &mut State, acc: &mut [f32], s: &[f32; ATTN_BLOCK], n: usize, v: &[&
     for j in 0..ATTN_BLOCK {
         p[j] = exp(s[j] - st.m);
     }
-    for j in 0..n {
-        st.l += p[j];
-        for (a, &x) in acc.iter_mut().zip(v[j]) {
-            *a = p[j].mul_add(x, *a);
-        }
+    for &pj in &p[..n] {
+        st.l += pj;
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct Rows {
-        k: Vec<Vec<f32>>,
-        v: Vec<Vec<f32>>,
-    }
-    impl RowSource for Rows {
-        fn k_row(&self, pos: usize) -> &[f32] {
-            &self.k[pos]
-        }
-        fn v_row(&self, pos: usize) -> &[f32] {
-            &self.v[pos]
-        }
-    }
-
-    /// Textbook softmax attention in f64.
-    fn naive(rows: &Rows, q: &[f32], pos: usize, hd: usize, scale: f32) -> Vec<f64> {
-        let s: Vec<f64> = (0..=pos)
-            .map(|j| {
-                q.iter()
-                    .zip(&rows.k[j][..hd])
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum::<f64>()
-                    * scale as f64
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f64 = e.iter().sum();
-        (0..hd)
-            .map(|d| (0..=pos).map(|j| e[j] * rows.v[j][d] as f64).sum::<f64>() / z)
-            .collect()
-    }
-
-    #[test]
-    fn matches_naive_softmax_across_block_edges() {
-        let hd = 8;
-        let n = 40;
-        let val = |i: usize, d: usize, s: f32| ((i * 31 + d * 7) as f32 * s).sin();
-        let rows = Rows {
-            k: (0..n)
-                .map(|i| (0..hd).map(|d| val(i, d, 0.37)).collect())
-                .collect(),
-            v: (0..n)
-                .map(|i| (0..hd).map(|d| val(i, d, 0.11)).collect())
-                .collect(),
-        };
-        for pos in [0, 15, 16, 17, 39] {
-            let q: Vec<f32> = (0..hd).map(|d| val(pos, d, 0.23) * 3.0).collect();
-            let g = AttnGeometry {
-                q_heads: 1,
-                kv_heads: 1,
-                head_dim: hd,
-                first_pos: pos,
-                scale: 0.5,
-            };
-            let mut out = vec![0f32; hd];
-            attend(&rows, &q, g, &mut out);
-            let want = naive(&rows, &q, pos, hd, 0.5);
-            for (a, b) in out.iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < 1e-5, "pos {pos}: {a} vs {b}");
-            }
-        }
-    }
-
-    /// The same rows, offered in runs (ragged against the blocks) or only row by row.
-    struct Runs<'a>(&'a [f32], &'a [f32], usize);
-    impl RowSource for Runs<'_> {
-        fn k_row(&self, pos: usize) -> &[f32] {
-            &self.0[pos * self.2..(pos + 1) * self.2]
-        }
-        fn v_row(&self, pos: usize) -> &[f32] {
-            &self.1[pos * self.2..(pos + 1) * self.2]
-        }
-        fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
-            // Runs of 21 rows, so blocks of 16 straddle them; none in the third run.
-            let (r, end) = (
-                start / 21,
-                ((start / 21 + 1) * 21).min(self.0.len() / self.2),
-            );
-            (r != 2).then(|| {
-                (
-                    &self.0[start * self.2..end * self.2],
-                    &self.1[start * self.2..end * self.2],
-                )
-            })
-        }
-    }
-
-    #[test]
-    fn runs_and_rows_give_the_same_bits_at_any_batch_size() {
-        let (kv_heads, hd, n) = (2, 12, 84);
-        let row = kv_heads * hd;
-        let val = |i: usize, s: f32| ((i * 13) as f32 * s).sin();
-        let k: Vec<f32> = (0..n * row).map(|i| val(i, 0.31)).collect();
-        let v: Vec<f32> = (0..n * row).map(|i| val(i, 0.17)).collect();
-        let rows = Rows {
-            k: k.chunks(row).map(<[f32]>::to_vec).collect(),
-            v: v.chunks(row).map(<[f32]>::to_vec).collect(),
-        };
-        let q_heads = 4;
-        let n_q = 20;
-        let q: Vec<f32> = (0..n_q * q_heads * hd).map(|i| val(i, 0.7) * 4.0).collect();
-        let g = |first_pos| AttnGeometry {
-            q_heads,
-            kv_heads,
-            head_dim: hd,
-            first_pos,
-            scale: 0.3,
-        };
-        let mut by_rows = vec![0f32; q.len()];
-        attend(&rows, &q, g(n - n_q), &mut by_rows);
-        let mut by_runs = vec![0f32; q.len()];
-        attend(&Runs(&k, &v, row), &q, g(n - n_q), &mut by_runs);
-        let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&by_rows), bits(&by_runs));
-        // Each query alone gives the bits it got inside the block.
-        let per_q = q_heads * hd;
-        for i in 0..n_q {
-            let mut one = vec![0f32; per_q];
-            let qi = &q[i * per_q..(i + 1) * per_q];
-            attend(&Runs(&k, &v, row), qi, g(n - n_q + i), &mut one);
-            assert_eq!(bits(&one), bits(&by_rows[i * per_q..(i + 1) * per_q]));
-        }
-    }
-
-    /// Past one span the keys are folded span by span and merged: a decode step split over
-    /// the threads by span, the same query inside a prefill batch (one item folding every
-    /// span), any pool size and the naive softmax all agree (the first three bit for bit).
-    #[test]
-    fn spans_split_over_threads_give_the_unsplit_bits() {
-        let (kv_heads, hd, n) = (3, 16, 3 * ATTN_SPAN + 37);
-        let q_heads = 9;
-        let row = kv_heads * hd;
-        let val = |i: usize, s: f32| ((i * 13) as f32 * s).sin();
-        let k: Vec<f32> = (0..n * row).map(|i| val(i, 0.31)).collect();
-        let v: Vec<f32> = (0..n * row).map(|i| val(i, 0.17)).collect();
-        let rows = Rows {
-            k: k.chunks(row).map(<[f32]>::to_vec).collect(),
-            v: v.chunks(row).map(<[f32]>::to_vec).collect(),
-        };
-        let g = |first_pos| AttnGeometry {
-            q_heads,
-            kv_heads,
-            head_dim: hd,
-            first_pos,
-            scale: 0.3,
-        };
-        let per_q = q_heads * hd;
-        // A batch of 40 queries ending at the last key: many items, no split.
-        let n_q = 40;
-        let q: Vec<f32> = (0..n_q * per_q).map(|i| val(i, 0.7) * 3.0).collect();
-        let mut batch = vec![0f32; q.len()];
-        attend_with(&Pool::new(2), &rows, &q, g(n - n_q), &mut batch);
-        let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for i in [0, ATTN_SPAN - (n - n_q) % ATTN_SPAN, n_q - 1] {
-            let qi = &q[i * per_q..(i + 1) * per_q];
-            let want = bits(&batch[i * per_q..(i + 1) * per_q]);
-            // One query alone: split by span on 2 and 3 threads, not on 1.
-            for threads in [1, 2, 3] {
-                let mut one = vec![0f32; per_q];
-                attend_with(
-                    &Pool::new(threads),
-                    &Runs(&k, &v, row),
-                    qi,
-                    g(n - n_q + i),
-                    &mut one,
-                );
-                assert_eq!(bits(&one), want, "query {i}, {threads} threads");
-            }
-            for h in 0..q_heads {
-                let kvh = h / (q_heads / kv_heads);
-                let head = Rows {
-                    k: rows
-                        .k
-                        .iter()
-                        .map(|r| r[kvh * hd..(kvh + 1) * hd].to_vec())
-                        .collect(),
-                    v: rows
-                        .v
-                        .iter()
-                        .map(|r| r[kvh * hd..(kvh + 1) * hd].to_vec())
-                        .collect(),
-                };
-                let exact = naive(&head, &qi[h * hd..(h + 1) * hd], n - n_q + i, hd, 0.3);
-                for (a, b) in batch[i * per_q + h * hd..][..hd].iter().zip(&exact) {
-                    assert!(
-                        (*a as f64 - b).abs() < 1e-5,
-                        "query {i} head {h}: {a} vs {b}"
-                    );
+    // The same fused multiply-adds, in the same order for each element, whatever the width:
+    // a known width keeps the accumulator in registers across the block's keys.
+    match acc.len() {
+        64 => accumulate::<8>(acc, &p, n, v),
+        128 => accumulate::<16>(acc, &p, n, v),
+        _ => {
+            for j in 0..n {
+                for (a, &x) in acc.iter_mut().zip(v[j]) {
+                    *a = p[j].mul_add(x, *a);
                 }
             }
         }
     }
+}
 
-    #[test]
-    fn dot_handles_tails() {
-        let a: Vec<f32> = (0..13).map(|i| i as f32).collect();
-        assert_eq!(dot(&a, &a), (0..13).map(|i| (i * i) as f32).sum::<f32>());
+/// `acc += Σ_j p[j] · v[j]` over the first `n` keys, in key order, for an accumulator of
+/// `C` eight-lane chunks held in locals (registers) for the whole block.
+#[inline(always)]
+fn accumulate<const C: usize>(acc: &mut [f32], p: &[f32; ATTN_BLOCK], n: usize, v: &[&[f32]]) {
+    let mut a = [[0f32; 8]; C];
+    for (c, chunk) in a.iter_mut().enumerate() {
+        chunk.copy_from_slice(&acc[c * 8..c * 8 + 8]);
+    }
+    for j in 0..n {
+        let (pj, vj) = (p[j], &v[j][..C * 8]);
+        for (c, chunk) in a.iter_mut().enumerate() {
+            let x = &vj[c * 8..c * 8 + 8];
+            for l in 0..8 {
+                chunk[l] = pj.mul_add(x[l], chunk[l]);
+            }
+        }
+    }
+    for (c, chunk) in a.iter().enumerate() {
+        acc[c * 8..c * 8 + 8].copy_from_slice(chunk);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -43,6 +43,7 @@
 //! each thread's buffer has grown to 16 rows.
 
 pub mod attention;
+pub mod elem;
 mod format;
 mod isa;
 mod kernel;
@@ -56,6 +57,7 @@ pub mod non_invariant;
 pub mod pool;
 mod simd;
 
+pub use elem::{KvDtype, KvElem};
 pub use format::{QuantFormat, TILE};
 pub use isa::Isa;
 pub use matrix::{QuantMatrix, QuantMatrixError};

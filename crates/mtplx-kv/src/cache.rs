@@ -11,6 +11,7 @@ use crate::error::KvError;
 use crate::lend::LentLayer;
 use crate::shape::{KvShape, LayoutKind};
 use crate::share::ShareTarget;
+use crate::KvDtype;
 
 /// A read-only view of stored K/V rows, whatever the layout: what the bank keeps and what
 /// the cold tier serialises.
@@ -24,9 +25,12 @@ use crate::share::ShareTarget;
 pub trait KvView: Send + Sync {
     fn shape(&self) -> KvShape;
     fn layout(&self) -> LayoutKind;
+    /// The element type the rows are stored in.
+    fn dtype(&self) -> KvDtype;
     /// Positions stored in `layer`.
     fn layer_len(&self, layer: usize) -> usize;
-    /// Copies rows `range` of `layer` into `k` and `v` (`range.len() * row_len` each).
+    /// Copies rows `range` of `layer` into `k` and `v` (`range.len() * row_len` each),
+    /// widened to `f32` (exactly: the values attention reads).
     fn read_rows(
         &self,
         layer: usize,
@@ -34,8 +38,20 @@ pub trait KvView: Send + Sync {
         k: &mut [f32],
         v: &mut [f32],
     ) -> Result<(), KvError>;
-    /// Bytes the stored rows would take packed (`len * bytes_per_token`).
-    fn logical_bytes(&self) -> usize;
+    /// Copies rows `range` of `layer` into `k` and `v` as stored: the bytes of
+    /// [`KvView::dtype`] values (`range.len() * row_len * dtype.size()` each), what the SSD
+    /// tier writes and [`KvCache::append_in_place`] lends back.
+    fn read_raw(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<(), KvError>;
+    /// Bytes the stored rows would take packed (`len * bytes_per_token(dtype)`).
+    fn logical_bytes(&self) -> usize {
+        self.len() * self.shape().bytes_per_token(self.dtype())
+    }
     /// Bytes of every live buffer this view references, shared ones included.
     fn physical_bytes(&self) -> usize;
 
@@ -53,7 +69,8 @@ pub trait KvView: Send + Sync {
 
     /// A writable cache in the `target` layout that shares this view's storage instead of
     /// copying its rows, when the layout allows it (same layout and, for paged caches, the
-    /// same pool). [`crate::CacheFactory::restore`] tries this first.
+    /// same pool). [`crate::CacheFactory::restore`] tries this first, only when the factory
+    /// stores this view's element type.
     fn share_into(&self, target: ShareTarget<'_>) -> Option<Box<dyn KvCache>> {
         let _ = target;
         None
@@ -78,18 +95,20 @@ pub trait KvView: Send + Sync {
 /// with `n` rows and then [`KvCache::attend`] for the `n` queries, which sit at the newest
 /// `n` positions of that layer.
 pub trait KvCache: KvView {
-    /// Appends `k.len() / row_len` positions to `layer`.
+    /// Appends `k.len() / row_len` positions to `layer`, each value rounded to
+    /// [`KvView::dtype`] once ([`crate::KvElem::from_f32`]).
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError>;
 
     /// Appends `n` zeroed positions to every layer and lends their storage, to be filled in
     /// place: one [`LentLayer`] per layer, in layer order, whose pieces cover exactly the
     /// `n` new positions of that layer, in order (a layer kept in several buffers, pages or
-    /// segments, lends one piece per buffer). Writing a piece's rows is what
-    /// [`KvCache::append`] of the same rows would have stored. A restore reads rows from
-    /// disk straight into the pieces.
+    /// segments, lends one piece per buffer), as the bytes of [`KvView::dtype`] values.
+    /// Writing a piece the bytes [`KvView::read_raw`] gave for some rows stores those rows
+    /// exactly; [`LentPiece::fill`](crate::LentPiece::fill) writes `f32` values as
+    /// [`KvCache::append`] would. A restore reads rows from disk straight into the pieces.
     ///
     /// Every layout here lends. The default (`None`, nothing appended) is for a layout
-    /// whose storage can't be lent as `f32` slices; the caller then uses
+    /// whose storage can't be lent in host memory; the caller then uses
     /// [`KvCache::append`].
     fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
         let _ = n;

@@ -1,6 +1,6 @@
 //! Argument checks every layout shares, so all layouts fail the same way on bad input.
 
-use crate::{KvError, KvShape};
+use crate::{KvElem, KvError, KvShape};
 use mtplx_kernels::attention::{AttnGeometry, MAX_HEAD_DIM};
 
 /// The number of whole rows of `row_len` in `got` values.
@@ -75,13 +75,15 @@ pub(crate) fn attend_geometry(
     })
 }
 
-/// Validates a `read_rows` call over a layer of `len` positions.
-pub(crate) fn read_range(
+/// Validates a `read_rows` (`T = f32`) or `read_raw` (`T = u8`, `unit` bytes a value) call
+/// over a layer of `len` positions.
+pub(crate) fn read_range<T>(
     shape: KvShape,
     len: usize,
     range: &std::ops::Range<usize>,
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
+    unit: usize,
 ) -> Result<(), KvError> {
     if range.end > len || range.start > range.end {
         return Err(KvError::RowsOutOfRange {
@@ -90,7 +92,7 @@ pub(crate) fn read_range(
             len,
         });
     }
-    let n = range.len() * shape.row_len();
+    let n = range.len() * shape.row_len() * unit;
     if k.len() != n || v.len() != n {
         return Err(KvError::OutputSize {
             got: k.len().min(v.len()),
@@ -98,4 +100,49 @@ pub(crate) fn read_range(
         });
     }
     Ok(())
+}
+
+/// Copies stored rows out: widened to `f32` (`read_rows`), or as their bytes (`read_raw`).
+pub(crate) trait RowsOut {
+    fn put<E: KvElem>(&mut self, at: usize, k: &[E], v: &[E]);
+}
+
+/// `read_rows`'s destination: rows from value `at` on, widened.
+pub(crate) struct Wide<'a>(pub &'a mut [f32], pub &'a mut [f32]);
+
+impl RowsOut for Wide<'_> {
+    #[inline]
+    fn put<E: KvElem>(&mut self, at: usize, k: &[E], v: &[E]) {
+        E::widen(k, &mut self.0[at..at + k.len()]);
+        E::widen(v, &mut self.1[at..at + v.len()]);
+    }
+}
+
+/// `read_raw`'s destination: rows from value `at` on, as stored bytes.
+pub(crate) struct Raw<'a>(pub &'a mut [u8], pub &'a mut [u8]);
+
+impl RowsOut for Raw<'_> {
+    #[inline]
+    fn put<E: KvElem>(&mut self, at: usize, k: &[E], v: &[E]) {
+        let (kb, vb): (&[u8], &[u8]) = (bytemuck::cast_slice(k), bytemuck::cast_slice(v));
+        let at = at * std::mem::size_of::<E>();
+        self.0[at..at + kb.len()].copy_from_slice(kb);
+        self.1[at..at + vb.len()].copy_from_slice(vb);
+    }
+}
+
+/// `dst` extended by `src`, each value rounded to `E` once.
+#[inline]
+pub(crate) fn extend_narrowed<E: KvElem>(dst: &mut Vec<E>, src: &[f32]) {
+    dst.extend(src.iter().map(|&x| E::from_f32(x)));
+}
+
+/// `n` zeros, from the allocator's zeroed pages (no memset).
+pub(crate) fn zeroed<E: KvElem>(n: usize) -> Vec<E> {
+    bytemuck::zeroed_vec(n)
+}
+
+/// Stored rows lent as bytes ([`crate::LentPiece`]).
+pub(crate) fn bytes_mut<E: KvElem>(rows: &mut [E]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(rows)
 }

@@ -1,17 +1,23 @@
 //! [`Contiguous`]: per-layer K and V buffers grown in chunks; the simplest layout, and the
 //! one a prefill writes fastest into.
 
+use std::mem::size_of;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::check::{append_rows, attend_geometry, check_layer, read_range};
-use crate::{BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece};
+use crate::check::{
+    append_rows, attend_geometry, bytes_mut, check_layer, extend_narrowed, read_range, zeroed, Raw,
+    RowsOut, Wide,
+};
+use crate::{
+    BufferId, KvCache, KvDtype, KvElem, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
+};
 use mtplx_kernels::attention::{self, RowSource};
 
 /// Per-layer contiguous K and V buffers, grown in chunks of positions.
 ///
-/// Shape: for each layer, `k` and `v` are `[len, kv_heads * head_dim]` row-major `f32`
-/// buffers. When a buffer is full it grows to 1.5 times its capacity (or to what the append
+/// Shape: for each layer, `k` and `v` are `[len, kv_heads * head_dim]` row-major buffers of
+/// `E` (`f32` by default; [`crate::f16`], [`crate::bf16`]). When a buffer is full it grows to 1.5 times its capacity (or to what the append
 /// needs, if more), rounded up to a multiple of `chunk_tokens` positions; truncation keeps
 /// the capacity.
 ///
@@ -21,20 +27,20 @@ use mtplx_kernels::attention::{self, RowSource};
 /// the rows (cost grows with context); use [`crate::Segmented`] when snapshots must be
 /// cheap, or [`crate::Paged`] when many sequences share prefixes.
 #[derive(Debug, Clone)]
-pub struct Contiguous {
+pub struct Contiguous<E: KvElem = f32> {
     shape: KvShape,
     chunk_tokens: usize,
-    layers: Vec<LayerRows>,
+    layers: Vec<LayerRows<E>>,
 }
 
 #[derive(Debug, Clone, Default)]
-struct LayerRows {
-    k: Vec<f32>,
-    v: Vec<f32>,
+struct LayerRows<E> {
+    k: Vec<E>,
+    v: Vec<E>,
     len: usize,
 }
 
-impl LayerRows {
+impl<E: KvElem> LayerRows<E> {
     /// Cuts the buffers to the live rows and makes room for `n` more, growing by half
     /// again (at least to what is needed) in whole chunks of `chunk` positions: amortised
     /// O(1) per row, where growing by one chunk at a time would recopy the layer every chunk.
@@ -52,44 +58,58 @@ impl LayerRows {
     }
 }
 
-struct LayerSource<'a> {
-    rows: &'a LayerRows,
+struct LayerSource<'a, E> {
+    rows: &'a LayerRows<E>,
     row_len: usize,
 }
 
-impl RowSource for LayerSource<'_> {
+impl<E: KvElem> RowSource for LayerSource<'_, E> {
+    type Elem = E;
     #[inline]
-    fn k_row(&self, pos: usize) -> &[f32] {
+    fn k_row(&self, pos: usize) -> &[E] {
         &self.rows.k[pos * self.row_len..(pos + 1) * self.row_len]
     }
     #[inline]
-    fn v_row(&self, pos: usize) -> &[f32] {
+    fn v_row(&self, pos: usize) -> &[E] {
         &self.rows.v[pos * self.row_len..(pos + 1) * self.row_len]
     }
     #[inline]
-    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
+    fn run(&self, start: usize) -> Option<(&[E], &[E])> {
         let r = start * self.row_len..self.rows.len * self.row_len;
         Some((&self.rows.k[r.clone()], &self.rows.v[r]))
     }
 }
 
 impl Contiguous {
-    /// An empty cache whose buffers grow by `chunk_tokens` positions at a time.
+    /// An empty `f32` cache whose buffers grow by `chunk_tokens` positions at a time.
     pub fn new(shape: KvShape, chunk_tokens: usize) -> Self {
+        Contiguous::empty(shape, chunk_tokens)
+    }
+}
+
+impl<E: KvElem> Contiguous<E> {
+    /// An empty cache of `E` rows whose buffers grow by `chunk_tokens` positions at a time.
+    pub fn empty(shape: KvShape, chunk_tokens: usize) -> Self {
         Contiguous {
             shape,
             chunk_tokens: chunk_tokens.max(1),
-            layers: vec![LayerRows::default(); shape.layers],
+            layers: (0..shape.layers)
+                .map(|_| LayerRows {
+                    k: Vec::new(),
+                    v: Vec::new(),
+                    len: 0,
+                })
+                .collect(),
         }
     }
 
-    fn layer(&self, layer: usize) -> Result<&LayerRows, KvError> {
+    fn layer(&self, layer: usize) -> Result<&LayerRows<E>, KvError> {
         check_layer(self.shape, layer)?;
         Ok(&self.layers[layer])
     }
 
     /// A copy holding exactly the live rows, with no spare capacity.
-    fn compact(&self) -> Contiguous {
+    fn compact(&self) -> Contiguous<E> {
         let row = self.shape.row_len();
         let layers = self
             .layers
@@ -106,15 +126,33 @@ impl Contiguous {
             layers,
         }
     }
+
+    /// Rows `range` of `layer`, checked, into `out`.
+    fn read_into(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        mut out: impl RowsOut,
+    ) -> Result<(), KvError> {
+        let rows = self.layer(layer)?;
+        let row = self.shape.row_len();
+        let span = range.start * row..range.end * row;
+        out.put(0, &rows.k[span.clone()], &rows.v[span]);
+        Ok(())
+    }
 }
 
-impl KvView for Contiguous {
+impl<E: KvElem> KvView for Contiguous<E> {
     fn shape(&self) -> KvShape {
         self.shape
     }
 
     fn layout(&self) -> LayoutKind {
         LayoutKind::Contiguous
+    }
+
+    fn dtype(&self) -> KvDtype {
+        E::DTYPE
     }
 
     fn layer_len(&self, layer: usize) -> usize {
@@ -128,23 +166,31 @@ impl KvView for Contiguous {
         k: &mut [f32],
         v: &mut [f32],
     ) -> Result<(), KvError> {
-        let rows = self.layer(layer)?;
-        read_range(self.shape, rows.len, &range, k, v)?;
-        let row = self.shape.row_len();
-        k.copy_from_slice(&rows.k[range.start * row..range.end * row]);
-        v.copy_from_slice(&rows.v[range.start * row..range.end * row]);
-        Ok(())
+        read_range(self.shape, self.layer(layer)?.len, &range, k, v, 1)?;
+        self.read_into(layer, range, Wide(k, v))
+    }
+
+    fn read_raw(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<(), KvError> {
+        let len = self.layer(layer)?.len;
+        read_range(self.shape, len, &range, k, v, size_of::<E>())?;
+        self.read_into(layer, range, Raw(k, v))
     }
 
     fn logical_bytes(&self) -> usize {
-        let per_row = self.shape.row_len() * std::mem::size_of::<f32>() * 2;
+        let per_row = self.shape.row_len() * size_of::<E>() * 2;
         self.layers.iter().map(|l| l.len * per_row).sum()
     }
 
     fn physical_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| (l.k.capacity() + l.v.capacity()) * std::mem::size_of::<f32>())
+            .map(|l| (l.k.capacity() + l.v.capacity()) * size_of::<E>())
             .sum()
     }
 
@@ -154,7 +200,7 @@ impl KvView for Contiguous {
                 if buf.capacity() > 0 {
                     visit(
                         BufferId::of(buf.as_slice()),
-                        buf.capacity() * std::mem::size_of::<f32>(),
+                        buf.capacity() * size_of::<E>(),
                     );
                 }
             }
@@ -162,14 +208,14 @@ impl KvView for Contiguous {
     }
 }
 
-impl KvCache for Contiguous {
+impl<E: KvElem> KvCache for Contiguous<E> {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = append_rows(self.shape, layer, k, v)?;
         let (row, chunk) = (self.shape.row_len(), self.chunk_tokens);
         let rows = &mut self.layers[layer];
         rows.make_room(n, row, chunk);
-        rows.k.extend_from_slice(k);
-        rows.v.extend_from_slice(v);
+        extend_narrowed(&mut rows.k, k);
+        extend_narrowed(&mut rows.v, v);
         rows.len += n;
         Ok(())
     }
@@ -185,22 +231,22 @@ impl KvCache for Contiguous {
                 if rows.k.capacity() == 0 {
                     // A fresh layer: zeroed pages straight from the allocator, no memset.
                     let target = (n * row).div_ceil(chunk * row) * chunk * row;
-                    rows.k = vec![0.0; target];
-                    rows.v = vec![0.0; target];
+                    rows.k = zeroed(target);
+                    rows.v = zeroed(target);
                     rows.k.truncate(n * row);
                     rows.v.truncate(n * row);
                 } else {
                     rows.make_room(n, row, chunk);
-                    rows.k.resize(live + n * row, 0.0);
-                    rows.v.resize(live + n * row, 0.0);
+                    rows.k.resize(live + n * row, E::default());
+                    rows.v.resize(live + n * row, E::default());
                 }
                 let positions = rows.len..rows.len + n;
                 rows.len += n;
                 LentLayer {
                     pieces: vec![LentPiece {
                         positions,
-                        k: &mut rows.k[live..],
-                        v: &mut rows.v[live..],
+                        k: bytes_mut(&mut rows.k[live..]),
+                        v: bytes_mut(&mut rows.v[live..]),
                     }],
                 }
             })
@@ -249,6 +295,7 @@ impl KvCache for Contiguous {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::f16;
 
     fn shape() -> KvShape {
         KvShape {
@@ -264,7 +311,7 @@ mod tests {
         c.append(0, &[1.0; 6], &[2.0; 6]).unwrap();
         c.append(1, &[1.0; 6], &[2.0; 6]).unwrap();
         assert_eq!(c.len(), 3);
-        assert_eq!(c.logical_bytes(), 3 * shape().bytes_per_token());
+        assert_eq!(c.logical_bytes(), 3 * shape().bytes_per_token(KvDtype::F32));
         // One chunk of 4 positions per layer, K and V.
         assert_eq!(c.physical_bytes(), 2 * 2 * 4 * 2 * 4);
     }
@@ -298,15 +345,14 @@ mod tests {
             let lent = a.append_in_place(3).expect("contiguous lends its rows");
             assert_eq!(lent.len(), 2);
             for (l, mut layer) in lent.into_iter().enumerate() {
-                let [LentPiece { positions, k, v }] = &mut layer.pieces[..] else {
+                let [piece] = &mut layer.pieces[..] else {
                     panic!("one piece per layer");
                 };
-                assert_eq!(*positions, round * 3..round * 3 + 3);
-                assert_eq!((k.len(), v.len()), (6, 6));
-                for i in 0..6 {
-                    k[i] = val(l, i, false);
-                    v[i] = val(l, i, true);
-                }
+                assert_eq!(piece.positions, round * 3..round * 3 + 3);
+                assert_eq!((piece.k.len(), piece.v.len()), (24, 24), "6 f32 each");
+                let k: Vec<f32> = (0..6).map(|i| val(l, i, false)).collect();
+                let v: Vec<f32> = (0..6).map(|i| val(l, i, true)).collect();
+                piece.fill::<f32>(&k, &v);
             }
             for l in 0..2 {
                 let k: Vec<f32> = (0..6).map(|i| val(l, i, false)).collect();
@@ -323,6 +369,39 @@ mod tests {
         }
         // Whole chunks, as for appends.
         assert_eq!(a.layers[0].k.capacity() % (4 * 2), 0);
+    }
+
+    #[test]
+    fn half_rows_take_half_the_bytes_and_read_back_rounded() {
+        let mut c = Contiguous::<f16>::empty(shape(), 4);
+        let k = [1.0, 1.0 + 1.0 / 4096.0, 3.0e5, -2.5, 0.1, 7.0];
+        for l in 0..2 {
+            c.append(l, &k, &k).unwrap();
+        }
+        assert_eq!(c.dtype(), KvDtype::F16);
+        assert_eq!(c.logical_bytes(), 3 * shape().bytes_per_token(KvDtype::F16));
+        assert_eq!(
+            c.logical_bytes() * 2,
+            3 * shape().bytes_per_token(KvDtype::F32)
+        );
+        let (mut rk, mut rv) = ([0.0; 6], [0.0; 6]);
+        c.read_rows(1, 0..3, &mut rk, &mut rv).unwrap();
+        let rounded = k.map(|x| <f16 as KvElem>::from_f32(x).to_f32());
+        assert_eq!(rk, rounded);
+        assert_eq!(rk[2], 65504.0, "saturated");
+        assert_ne!(rk[4], 0.1, "rounded once, when stored");
+        // The raw bytes are the halves themselves.
+        let (mut bk, mut bv) = ([0u8; 12], [0u8; 12]);
+        c.read_raw(1, 0..3, &mut bk, &mut bv).unwrap();
+        let halves: Vec<u8> = k
+            .iter()
+            .flat_map(|&x| <f16 as KvElem>::from_f32(x).to_le_bytes())
+            .collect();
+        assert_eq!(&bk[..], &halves[..]);
+        assert!(matches!(
+            c.read_raw(1, 0..3, &mut [0u8; 24], &mut [0u8; 24]),
+            Err(KvError::OutputSize { .. })
+        ));
     }
 
     #[test]

@@ -38,6 +38,13 @@ pub enum KvError {
     RecurrentShapeMismatch,
     #[error("{kv} K/V positions but a recurrent state after {recurrent} tokens")]
     StateLengthMismatch { kv: usize, recurrent: usize },
+    #[error("rows stored as {source_dtype} cannot be copied as bytes into a {cache} cache")]
+    DtypeMismatch {
+        cache: crate::KvDtype,
+        source_dtype: crate::KvDtype,
+    },
+    #[error("a device cache stores f32 K/V; {0} was asked for")]
+    DeviceDtype(crate::KvDtype),
     /// A cache in an accelerator's memory failed to copy or compute.
     #[error("device: {0}")]
     Device(String),

@@ -4,14 +4,22 @@
 use std::sync::Arc;
 
 use crate::{
-    BlockPool, Contiguous, KvCache, KvError, KvShape, KvView, LayoutKind, Paged, Segmented,
-    ShareTarget,
+    BlockPool, Contiguous, KvCache, KvDtype, KvElem, KvError, KvShape, KvView, LayoutKind, Paged,
+    Segmented, ShareTarget,
 };
 
-/// The caller's choice of layout: new caches, restores and conversions are built through
-/// it.
+/// The caller's choice of cache: a [`Layout`] and the element type rows are stored in
+/// ([`KvDtype`]). New caches, restores and conversions are built through it, never in a
+/// default.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CacheFactory {
+pub struct CacheFactory {
+    layout: Layout,
+    dtype: KvDtype,
+}
+
+/// A layout and its parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
     /// [`Contiguous`] buffers that grow by `chunk_tokens` positions at a time.
     Contiguous { chunk_tokens: usize },
     /// [`Paged`] blocks of `block_tokens` positions from `pool`, which every cache built by
@@ -24,6 +32,16 @@ pub enum CacheFactory {
     Segmented { segment_tokens: usize },
     /// Caches in an accelerator's memory, built by a model backend ([`LayoutKind::Device`]).
     Device(DeviceCaches),
+}
+
+/// `f32` caches in `layout`.
+impl From<Layout> for CacheFactory {
+    fn from(layout: Layout) -> Self {
+        CacheFactory {
+            layout,
+            dtype: KvDtype::F32,
+        }
+    }
 }
 
 /// What a model backend that keeps K/V in an accelerator's memory builds its caches with.
@@ -53,72 +71,113 @@ impl std::fmt::Debug for DeviceCaches {
 }
 
 impl CacheFactory {
-    /// The contiguous layout with its default growth step (256 positions).
+    /// The contiguous layout with its default growth step (256 positions), `f32` rows.
     pub fn contiguous() -> Self {
-        CacheFactory::Contiguous { chunk_tokens: 256 }
+        Layout::Contiguous { chunk_tokens: 256 }.into()
     }
 
-    /// The paged layout with 16-position blocks and a new, empty pool.
+    /// The paged layout with 16-position blocks and a new, empty pool, `f32` rows.
     pub fn paged() -> Self {
-        CacheFactory::Paged {
+        Layout::Paged {
             block_tokens: 16,
             pool: BlockPool::new(),
         }
+        .into()
     }
 
-    /// The segmented layout with 256-position segments.
+    /// The segmented layout with 256-position segments, `f32` rows.
     pub fn segmented() -> Self {
-        CacheFactory::Segmented {
+        Layout::Segmented {
             segment_tokens: 256,
         }
+        .into()
+    }
+
+    /// Caches a model backend builds in an accelerator's memory (`f32` rows: the backend's
+    /// own format).
+    pub fn device(caches: DeviceCaches) -> Self {
+        Layout::Device(caches).into()
+    }
+
+    /// The same layout storing rows as `dtype`.
+    ///
+    /// # Errors
+    /// [`KvError::DeviceDtype`]: a device layout stores `f32` only.
+    pub fn with_dtype(self, dtype: KvDtype) -> Result<Self, KvError> {
+        if matches!(self.layout, Layout::Device(_)) && dtype != KvDtype::F32 {
+            return Err(KvError::DeviceDtype(dtype));
+        }
+        Ok(CacheFactory { dtype, ..self })
     }
 
     /// The layout this factory builds.
     pub fn layout(&self) -> LayoutKind {
-        match self {
-            CacheFactory::Contiguous { .. } => LayoutKind::Contiguous,
-            CacheFactory::Paged { .. } => LayoutKind::Paged,
-            CacheFactory::Segmented { .. } => LayoutKind::Segmented,
-            CacheFactory::Device(_) => LayoutKind::Device,
+        match &self.layout {
+            Layout::Contiguous { .. } => LayoutKind::Contiguous,
+            Layout::Paged { .. } => LayoutKind::Paged,
+            Layout::Segmented { .. } => LayoutKind::Segmented,
+            Layout::Device(_) => LayoutKind::Device,
         }
+    }
+
+    /// The layout and its parameters.
+    pub fn spec(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The element type this factory's caches store.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     /// An empty cache in this layout.
     pub fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
-        match self {
-            CacheFactory::Contiguous { chunk_tokens } => {
-                Box::new(Contiguous::new(shape, *chunk_tokens))
+        match self.dtype {
+            KvDtype::F32 => self.build::<f32>(shape),
+            KvDtype::F16 => self.build::<half::f16>(shape),
+            KvDtype::Bf16 => self.build::<half::bf16>(shape),
+        }
+    }
+
+    fn build<E: KvElem>(&self, shape: KvShape) -> Box<dyn KvCache> {
+        match &self.layout {
+            Layout::Contiguous { chunk_tokens } => {
+                Box::new(Contiguous::<E>::empty(shape, *chunk_tokens))
             }
-            CacheFactory::Paged { block_tokens, pool } => {
-                Box::new(Paged::new(shape, *block_tokens, pool.clone()))
+            Layout::Paged { block_tokens, pool } => {
+                Box::new(Paged::<E>::empty(shape, *block_tokens, pool.clone()))
             }
-            CacheFactory::Segmented { segment_tokens } => {
-                Box::new(Segmented::new(shape, *segment_tokens))
+            Layout::Segmented { segment_tokens } => {
+                Box::new(Segmented::<E>::empty(shape, *segment_tokens))
             }
-            CacheFactory::Device(d) => d.0.new_cache(shape),
+            // `with_dtype` keeps device factories at f32.
+            Layout::Device(d) => d.0.new_cache(shape),
         }
     }
 
     /// What a view may share its storage with when restored into this layout.
     fn share_target(&self) -> Option<ShareTarget<'_>> {
-        match self {
-            CacheFactory::Paged { block_tokens, pool } => Some(ShareTarget::Paged {
+        match &self.layout {
+            Layout::Paged { block_tokens, pool } => Some(ShareTarget::Paged {
                 block_tokens: *block_tokens,
                 pool,
             }),
-            CacheFactory::Segmented { segment_tokens } => Some(ShareTarget::Segmented {
+            Layout::Segmented { segment_tokens } => Some(ShareTarget::Segmented {
                 segment_tokens: *segment_tokens,
             }),
-            CacheFactory::Contiguous { .. } | CacheFactory::Device(_) => None,
+            Layout::Contiguous { .. } | Layout::Device(_) => None,
         }
     }
 
-    /// A cache in this layout holding the first `len` positions of `source`, whatever
-    /// layout `source` has: this is also how a cache converts between layouts.
+    /// A cache in this layout and element type holding the first `len` positions of
+    /// `source`, whatever layout `source` has: this is also how a cache converts between
+    /// layouts.
     ///
-    /// When the source can share its storage with this layout ([`KvView::share_into`]: a
-    /// paged view into the same pool, a segmented view into any segmented factory) the
-    /// restore copies no rows; otherwise it copies them, one layer at a time.
+    /// When the source stores this factory's element type and can share its storage with
+    /// this layout ([`KvView::share_into`]: a paged view into the same pool, a segmented
+    /// view into any segmented factory) the restore copies no rows; otherwise it copies
+    /// them, one layer at a time: as stored bytes when the element types match (the rows
+    /// stay exactly what they were), else widened and rounded to this factory's type.
     pub fn restore<V: KvView + ?Sized>(
         &self,
         source: &V,
@@ -132,12 +191,25 @@ impl CacheFactory {
                 len: have,
             });
         }
-        if let Some(mut cache) = self.share_target().and_then(|t| source.share_into(t)) {
-            cache.truncate(len);
-            return Ok(cache);
+        let same_type = source.dtype() == self.dtype;
+        if same_type {
+            if let Some(mut cache) = self.share_target().and_then(|t| source.share_into(t)) {
+                cache.truncate(len);
+                return Ok(cache);
+            }
         }
         let shape = source.shape();
         let mut cache = self.new_cache(shape);
+        if same_type && len > 0 {
+            if let Some(lent) = cache.append_in_place(len) {
+                for (layer, lent) in lent.into_iter().enumerate() {
+                    for p in lent.pieces {
+                        source.read_raw(layer, p.positions, p.k, p.v)?;
+                    }
+                }
+                return Ok(cache);
+            }
+        }
         let row = shape.row_len();
         let mut k = vec![0f32; len * row];
         let mut v = vec![0f32; len * row];
@@ -172,9 +244,13 @@ mod tests {
     #[test]
     fn a_device_factory_builds_and_restores_through_its_maker() {
         let maker = Arc::new(Counting(AtomicUsize::new(0)));
-        let factory = CacheFactory::Device(DeviceCaches(maker.clone()));
+        let factory = CacheFactory::device(DeviceCaches(maker.clone()));
         assert_eq!(factory.layout(), LayoutKind::Device);
-        assert_eq!(format!("{factory:?}"), "Device(DeviceCaches(test:0))");
+        assert!(format!("{factory:?}").contains("Device(DeviceCaches(test:0))"));
+        assert_eq!(
+            factory.clone().with_dtype(KvDtype::F16),
+            Err(KvError::DeviceDtype(KvDtype::F16))
+        );
         let shape = KvShape {
             layers: 2,
             kv_heads: 1,
@@ -199,11 +275,62 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_stores_the_factorys_element_type_whatever_the_source_holds() {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 4,
+        };
+        let rows: Vec<f32> = (0..12).map(|i| 0.1 + i as f32 / 3.0).collect();
+        let half = |x: f32| half::f16::from_f32(x).to_f32();
+        for layout in [
+            CacheFactory::contiguous(),
+            CacheFactory::paged(),
+            CacheFactory::segmented(),
+        ] {
+            let f16s = layout.clone().with_dtype(KvDtype::F16).unwrap();
+            let mut wide = CacheFactory::segmented().new_cache(shape);
+            for layer in 0..2 {
+                wide.append(layer, &rows, &rows).unwrap();
+            }
+            // f32 rows into an f16 factory: rounded once.
+            let narrow = f16s.restore(wide.as_ref(), 3).unwrap();
+            assert_eq!(
+                (narrow.dtype(), narrow.layout()),
+                (KvDtype::F16, layout.layout())
+            );
+            let (mut k, mut v) = (vec![0f32; 12], vec![0f32; 12]);
+            narrow.read_rows(1, 0..3, &mut k, &mut v).unwrap();
+            assert_eq!(k, rows.iter().map(|&x| half(x)).collect::<Vec<_>>());
+            // f16 rows into an f16 factory of any layout: the same bytes (shared or copied).
+            for into in [
+                CacheFactory::contiguous(),
+                CacheFactory::paged(),
+                CacheFactory::segmented(),
+            ] {
+                let into = into.with_dtype(KvDtype::F16).unwrap();
+                let again = into.restore(narrow.as_ref(), 2).unwrap();
+                let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
+                let (mut c, mut d) = (vec![0u8; 16], vec![0u8; 16]);
+                again.read_raw(0, 0..2, &mut a, &mut b).unwrap();
+                narrow.read_raw(0, 0..2, &mut c, &mut d).unwrap();
+                assert_eq!((a, b), (c, d));
+                assert_eq!(again.dtype(), KvDtype::F16);
+            }
+            // And back to f32: widened exactly, never shared across types.
+            let back = layout.restore(narrow.as_ref(), 3).unwrap();
+            assert_eq!(back.dtype(), KvDtype::F32);
+            back.read_rows(1, 0..3, &mut k, &mut v).unwrap();
+            assert_eq!(k, rows.iter().map(|&x| half(x)).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
     fn device_factories_are_equal_only_when_they_share_a_maker() {
         let a = DeviceCaches(Arc::new(Counting(AtomicUsize::new(0))));
         let b = DeviceCaches(Arc::new(Counting(AtomicUsize::new(0))));
         assert_eq!(a, a.clone());
         assert_ne!(a, b);
-        assert_ne!(CacheFactory::Device(a), CacheFactory::contiguous());
+        assert_ne!(CacheFactory::device(a), CacheFactory::contiguous());
     }
 }

@@ -17,12 +17,28 @@ pub struct LentLayer<'a> {
 
 /// Consecutive positions of one layer held in one buffer: `k` and `v` hold
 /// `positions.len() * row_len` values each, positions outermost, as [`crate::KvCache::append`]
-/// takes them.
+/// takes them, lent as the bytes of the cache's element type ([`crate::KvView::dtype`]:
+/// what [`crate::KvView::read_raw`] gives back). The bytes are aligned for that type.
 #[derive(Debug)]
 pub struct LentPiece<'a> {
     /// The positions, numbered as in the cache (the first appended one is the layer's old
     /// length).
     pub positions: Range<usize>,
-    pub k: &'a mut [f32],
-    pub v: &'a mut [f32],
+    pub k: &'a mut [u8],
+    pub v: &'a mut [u8],
+}
+
+impl LentPiece<'_> {
+    /// Writes `k` and `v` (`f32` values, one rounding each, as [`crate::KvCache::append`]
+    /// does) into a piece of a cache storing `E`.
+    ///
+    /// # Panics
+    /// If `E` is not the cache's element type or the lengths differ from the piece's.
+    pub fn fill<E: crate::KvElem>(&mut self, k: &[f32], v: &[f32]) {
+        for (dst, src) in [(&mut *self.k, k), (&mut *self.v, v)] {
+            let dst: &mut [E] = bytemuck::cast_slice_mut(dst);
+            assert_eq!(dst.len(), src.len(), "a piece's values");
+            mtplx_kernels::elem::narrow(src, dst);
+        }
+    }
 }

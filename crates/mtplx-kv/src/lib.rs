@@ -20,7 +20,8 @@
 //! (none for an attention-only model).
 //!
 //! This crate must not know about models, tensor libraries, files or HTTP, and does no I/O:
-//! it stores `f32` rows and does arithmetic on them.
+//! it stores rows in the element type the caller chose ([`KvDtype`]: `f32`, `f16` or
+//! `bf16`, rounded once when a row is appended) and does arithmetic on them.
 //!
 //! ```
 //! use mtplx_kv::{CacheFactory, KvCache, KvShape, KvView};
@@ -71,7 +72,7 @@ pub use bytes::BufferId;
 pub use cache::{footprint, KvCache, KvView};
 pub use contiguous::Contiguous;
 pub use error::KvError;
-pub use factory::{CacheFactory, DeviceCaches, MakeDeviceCache};
+pub use factory::{CacheFactory, DeviceCaches, Layout, MakeDeviceCache};
 pub use lend::{LentLayer, LentPiece};
 pub use paged::{BlockPool, Paged, PoolStats};
 pub use recurrent::{RecurrentLayerShape, RecurrentSnapshot, RecurrentState};
@@ -82,3 +83,7 @@ pub use sequence::{
 };
 pub use shape::{KvShape, LayoutKind};
 pub use share::ShareTarget;
+
+/// The 16-bit element types (from the `half` crate), as stored.
+pub use half::{bf16, f16};
+pub use mtplx_kernels::elem::{KvDtype, KvElem, UnknownDtype};

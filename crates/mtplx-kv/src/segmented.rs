@@ -1,11 +1,16 @@
 //! Shared immutable segments plus one growing tail per layer.
 
+use std::mem::size_of;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::check::{append_rows, attend_geometry, check_layer, read_range};
+use crate::check::{
+    append_rows, attend_geometry, bytes_mut, check_layer, extend_narrowed, read_range, zeroed, Raw,
+    RowsOut, Wide,
+};
 use crate::{
-    BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece, ShareTarget,
+    BufferId, KvCache, KvDtype, KvElem, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
+    ShareTarget,
 };
 use mtplx_kernels::attention::{self, RowSource, ATTN_BLOCK};
 
@@ -39,35 +44,35 @@ const MIN_TAIL_ROWS: usize = ATTN_BLOCK;
 /// about what [`crate::Contiguous`] does. For many concurrent sequences on one shared
 /// memory budget, prefer [`crate::Paged`].
 #[derive(Debug, Clone)]
-pub struct Segmented {
+pub struct Segmented<E: KvElem = f32> {
     shape: KvShape,
     segment_tokens: usize,
-    layers: Vec<SegLayer>,
+    layers: Vec<SegLayer<E>>,
 }
 
-#[derive(Debug, Clone, Default)]
-struct SegLayer {
+#[derive(Debug, Clone)]
+struct SegLayer<E> {
     /// Invariant: non-empty segments, `segs[0].start == 0`, each starting where the previous
     /// one ends, the last ending at `len`.
-    segs: Vec<Segment>,
+    segs: Vec<Segment<E>>,
     len: usize,
 }
 
 #[derive(Debug, Clone)]
-struct Segment {
+struct Segment<E> {
     start: usize,
     /// Positions of `rows` this cache uses (the buffer may hold more after a truncate).
     len: usize,
-    rows: Arc<Rows>,
+    rows: Arc<Rows<E>>,
 }
 
-#[derive(Debug, Default)]
-struct Rows {
-    k: Vec<f32>,
-    v: Vec<f32>,
+#[derive(Debug)]
+struct Rows<E> {
+    k: Vec<E>,
+    v: Vec<E>,
 }
 
-impl Rows {
+impl<E: KvElem> Rows<E> {
     /// Room for `need` values in `k` and `v`: doubling, but never past `cap` (the segment's
     /// full size).
     fn reserve_for(&mut self, need: usize, cap: usize) {
@@ -79,22 +84,14 @@ impl Rows {
     }
 
     fn bytes(&self) -> usize {
-        (self.k.capacity() + self.v.capacity()) * std::mem::size_of::<f32>()
+        (self.k.capacity() + self.v.capacity()) * size_of::<E>()
     }
-}
 
-impl Segment {
-    fn end(&self) -> usize {
-        self.start + self.len
-    }
-}
-
-impl Rows {
     /// Room for `cap` values in K and in V, the first `len` of them zeros (from the
     /// allocator's zeroed pages: no memset).
-    fn zeroed(cap: usize, len: usize) -> Rows {
+    fn zeroed(cap: usize, len: usize) -> Rows<E> {
         let buf = || {
-            let mut b = vec![0.0; cap];
+            let mut b = zeroed(cap);
             b.truncate(len);
             b
         };
@@ -112,7 +109,13 @@ enum NewTail {
     Zeroed,
 }
 
-impl SegLayer {
+impl<E> Segment<E> {
+    fn end(&self) -> usize {
+        self.start + self.len
+    }
+}
+
+impl<E: KvElem> SegLayer<E> {
     /// The tail to write `incoming` rows into and the positions it can still take: the last
     /// segment if this layer alone holds it and it has room, else a new one (holding no
     /// rows or, for [`NewTail::Zeroed`], the zeroed rows it will take; its `len` is 0
@@ -123,7 +126,7 @@ impl SegLayer {
         row: usize,
         incoming: usize,
         new: NewTail,
-    ) -> (&mut Segment, usize) {
+    ) -> (&mut Segment<E>, usize) {
         // A segment ends at the next multiple of `seg_tokens` positions.
         let limit = |start: usize| seg_tokens - start % seg_tokens;
         let writable = match self.segs.last_mut() {
@@ -160,33 +163,34 @@ impl SegLayer {
     }
 }
 
-struct SegSource<'a> {
-    segs: &'a [Segment],
+struct SegSource<'a, E> {
+    segs: &'a [Segment<E>],
     row_len: usize,
 }
 
-impl SegSource<'_> {
+impl<E> SegSource<'_, E> {
     #[inline]
-    fn find(&self, pos: usize) -> &Segment {
+    fn find(&self, pos: usize) -> &Segment<E> {
         &self.segs[self.segs.partition_point(|s| s.end() <= pos)]
     }
 }
 
-impl RowSource for SegSource<'_> {
+impl<E: KvElem> RowSource for SegSource<'_, E> {
+    type Elem = E;
     #[inline]
-    fn k_row(&self, pos: usize) -> &[f32] {
+    fn k_row(&self, pos: usize) -> &[E] {
         let s = self.find(pos);
         let o = (pos - s.start) * self.row_len;
         &s.rows.k[o..o + self.row_len]
     }
     #[inline]
-    fn v_row(&self, pos: usize) -> &[f32] {
+    fn v_row(&self, pos: usize) -> &[E] {
         let s = self.find(pos);
         let o = (pos - s.start) * self.row_len;
         &s.rows.v[o..o + self.row_len]
     }
     #[inline]
-    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
+    fn run(&self, start: usize) -> Option<(&[E], &[E])> {
         let s = self.find(start);
         let r = (start - s.start) * self.row_len..s.len * self.row_len;
         Some((&s.rows.k[r.clone()], &s.rows.v[r]))
@@ -194,13 +198,25 @@ impl RowSource for SegSource<'_> {
 }
 
 impl Segmented {
-    /// An empty cache whose segments hold `segment_tokens` positions (rounded up to a
-    /// multiple of [`ATTN_BLOCK`], so sealed boundaries fall between attention blocks).
+    /// An empty `f32` cache whose segments hold `segment_tokens` positions.
     pub fn new(shape: KvShape, segment_tokens: usize) -> Self {
+        Segmented::empty(shape, segment_tokens)
+    }
+}
+
+impl<E: KvElem> Segmented<E> {
+    /// An empty cache of `E` rows whose segments hold `segment_tokens` positions (rounded up
+    /// to a multiple of [`ATTN_BLOCK`], so sealed boundaries fall between attention blocks).
+    pub fn empty(shape: KvShape, segment_tokens: usize) -> Self {
         Segmented {
             shape,
             segment_tokens: segment_tokens.max(1).next_multiple_of(ATTN_BLOCK),
-            layers: vec![SegLayer::default(); shape.layers],
+            layers: (0..shape.layers)
+                .map(|_| SegLayer {
+                    segs: Vec::new(),
+                    len: 0,
+                })
+                .collect(),
         }
     }
 
@@ -214,23 +230,45 @@ impl Segmented {
         self.layers.get(layer).map_or(0, |l| l.segs.len())
     }
 
-    fn layer(&self, layer: usize) -> Result<&SegLayer, KvError> {
+    fn layer(&self, layer: usize) -> Result<&SegLayer<E>, KvError> {
         check_layer(self.shape, layer)?;
         Ok(&self.layers[layer])
     }
 
-    fn segments(&self) -> impl Iterator<Item = &Segment> {
+    fn segments(&self) -> impl Iterator<Item = &Segment<E>> {
         self.layers.iter().flat_map(|l| l.segs.iter())
+    }
+
+    /// Rows `range` of `l` (checked by the caller) into `out`, segment by segment.
+    fn read_into(&self, l: &SegLayer<E>, range: Range<usize>, mut out: impl RowsOut) {
+        let row = self.shape.row_len();
+        let first = l.segs.partition_point(|s| s.end() <= range.start);
+        for s in &l.segs[first..] {
+            if s.start >= range.end {
+                break;
+            }
+            let (a, b) = (s.start.max(range.start), s.end().min(range.end));
+            let src = (a - s.start) * row..(b - s.start) * row;
+            out.put(
+                (a - range.start) * row,
+                &s.rows.k[src.clone()],
+                &s.rows.v[src],
+            );
+        }
     }
 }
 
-impl KvView for Segmented {
+impl<E: KvElem> KvView for Segmented<E> {
     fn shape(&self) -> KvShape {
         self.shape
     }
 
     fn layout(&self) -> LayoutKind {
         LayoutKind::Segmented
+    }
+
+    fn dtype(&self) -> KvDtype {
+        E::DTYPE
     }
 
     fn layer_len(&self, layer: usize) -> usize {
@@ -245,24 +283,26 @@ impl KvView for Segmented {
         v: &mut [f32],
     ) -> Result<(), KvError> {
         let l = self.layer(layer)?;
-        read_range(self.shape, l.len, &range, k, v)?;
-        let row = self.shape.row_len();
-        let first = l.segs.partition_point(|s| s.end() <= range.start);
-        for s in &l.segs[first..] {
-            if s.start >= range.end {
-                break;
-            }
-            let (a, b) = (s.start.max(range.start), s.end().min(range.end));
-            let src = (a - s.start) * row..(b - s.start) * row;
-            let dst = (a - range.start) * row..(b - range.start) * row;
-            k[dst.clone()].copy_from_slice(&s.rows.k[src.clone()]);
-            v[dst].copy_from_slice(&s.rows.v[src]);
-        }
+        read_range(self.shape, l.len, &range, k, v, 1)?;
+        self.read_into(l, range, Wide(k, v));
+        Ok(())
+    }
+
+    fn read_raw(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<(), KvError> {
+        let l = self.layer(layer)?;
+        read_range(self.shape, l.len, &range, k, v, size_of::<E>())?;
+        self.read_into(l, range, Raw(k, v));
         Ok(())
     }
 
     fn logical_bytes(&self) -> usize {
-        let per_row = self.shape.row_len() * std::mem::size_of::<f32>() * 2;
+        let per_row = self.shape.row_len() * size_of::<E>() * 2;
         self.layers.iter().map(|l| l.len * per_row).sum()
     }
 
@@ -292,7 +332,7 @@ impl KvView for Segmented {
         match target {
             ShareTarget::Segmented { segment_tokens } => {
                 let mut c = self.clone();
-                c.segment_tokens = Segmented::new(self.shape, segment_tokens).segment_tokens;
+                c.segment_tokens = Segmented::<E>::empty(self.shape, segment_tokens).segment_tokens;
                 Some(Box::new(c))
             }
             _ => None,
@@ -300,7 +340,7 @@ impl KvView for Segmented {
     }
 }
 
-impl KvCache for Segmented {
+impl<E: KvElem> KvCache for Segmented<E> {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = append_rows(self.shape, layer, k, v)?;
         let (row, seg_tokens) = (self.shape.row_len(), self.segment_tokens);
@@ -313,8 +353,8 @@ impl KvCache for Segmented {
             let need = (s.len + take) * row;
             rows.reserve_for(need, (s.len + room) * row);
             let src = done * row..(done + take) * row;
-            rows.k.extend_from_slice(&k[src.clone()]);
-            rows.v.extend_from_slice(&v[src]);
+            extend_narrowed(&mut rows.k, &k[src.clone()]);
+            extend_narrowed(&mut rows.v, &v[src]);
             s.len += take;
             l.len += take;
             done += take;
@@ -340,8 +380,8 @@ impl KvCache for Segmented {
                     let need = (s.len + take) * row;
                     rows.reserve_for(need, (s.len + room) * row);
                     // A new tail already holds its zeroed rows; an old one grows by them.
-                    rows.k.resize(need, 0.0);
-                    rows.v.resize(need, 0.0);
+                    rows.k.resize(need, E::default());
+                    rows.v.resize(need, E::default());
                     s.len += take;
                     l.len += take;
                     done += take;
@@ -356,8 +396,8 @@ impl KvCache for Segmented {
                         let rows = Arc::get_mut(&mut s.rows).expect("written just now");
                         LentPiece {
                             positions,
-                            k: &mut rows.k[from..],
-                            v: &mut rows.v[from..],
+                            k: bytes_mut(&mut rows.k[from..]),
+                            v: bytes_mut(&mut rows.v[from..]),
                         }
                     })
                     .collect();

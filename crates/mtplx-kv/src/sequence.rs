@@ -10,7 +10,9 @@
 use std::num::NonZeroUsize;
 
 use crate::{BufferId, RecurrentState};
-use crate::{CacheFactory, KvCache, KvError, KvShape, RecurrentLayerShape, RecurrentSnapshot};
+use crate::{
+    CacheFactory, KvCache, KvDtype, KvError, KvShape, RecurrentLayerShape, RecurrentSnapshot,
+};
 
 /// Most checkpoints a sequence keeps once thinned ([`Sequence::thin`]) and a stored state
 /// keeps: the tail, the oldest and one per doubling of the distance from the tail.
@@ -44,10 +46,10 @@ impl StateShape {
         floats * std::mem::size_of::<f32>()
     }
 
-    /// Bytes a sequence of `tokens` positions may hold at most: its K/V rows, its live
-    /// recurrent state and up to [`MAX_CHECKPOINTS`] checkpoints of it.
-    pub fn bytes_for(&self, tokens: usize) -> u64 {
-        let kv = (tokens as u64).saturating_mul(self.kv.bytes_per_token() as u64);
+    /// Bytes a sequence of `tokens` positions may hold at most with K/V stored as `dtype`:
+    /// its K/V rows, its live recurrent state and up to [`MAX_CHECKPOINTS`] checkpoints of it.
+    pub fn bytes_for(&self, tokens: usize, dtype: KvDtype) -> u64 {
+        let kv = (tokens as u64).saturating_mul(self.kv.bytes_per_token(dtype) as u64);
         kv.saturating_add((1 + MAX_CHECKPOINTS as u64) * self.recurrent_bytes() as u64)
     }
 }

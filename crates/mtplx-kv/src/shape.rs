@@ -1,5 +1,7 @@
 //! [`KvShape`] and [`LayoutKind`]: a model's KV geometry and the name of a layout.
 
+use crate::KvDtype;
+
 /// The geometry of a model's KV state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvShape {
@@ -14,9 +16,9 @@ impl KvShape {
         self.kv_heads * self.head_dim
     }
 
-    /// Bytes that one token costs across all layers, K and V, in `f32`.
-    pub fn bytes_per_token(&self) -> usize {
-        2 * self.layers * self.row_len() * std::mem::size_of::<f32>()
+    /// Bytes that one token costs across all layers, K and V, stored as `dtype`.
+    pub fn bytes_per_token(&self, dtype: KvDtype) -> usize {
+        2 * self.layers * self.row_len() * dtype.size()
     }
 }
 

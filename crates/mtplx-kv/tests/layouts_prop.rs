@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use mtplx_kv::{
-    footprint, BlockPool, CacheFactory, KvCache, KvShape, KvView, LayoutKind, LentLayer,
+    bf16, f16, footprint, BlockPool, CacheFactory, KvCache, KvDtype, KvElem, KvShape, KvView,
+    Layout, LayoutKind, LentLayer,
 };
 use proptest::prelude::*;
 
@@ -19,22 +20,47 @@ struct Config {
     chunk_tokens: usize,
     block_tokens: usize,
     segment_tokens: usize,
+    /// What every layout stores rows as.
+    dtype: KvDtype,
 }
 
 impl Config {
     fn factories(&self, pool: &BlockPool) -> [CacheFactory; LAYOUTS] {
         [
-            CacheFactory::Contiguous {
+            Layout::Contiguous {
                 chunk_tokens: self.chunk_tokens,
             },
-            CacheFactory::Paged {
+            Layout::Paged {
                 block_tokens: self.block_tokens,
                 pool: pool.clone(),
             },
-            CacheFactory::Segmented {
+            Layout::Segmented {
                 segment_tokens: self.segment_tokens,
             },
         ]
+        .map(|l| CacheFactory::from(l).with_dtype(self.dtype).unwrap())
+    }
+
+    /// `x` as the caches store it.
+    fn stored(&self, x: &[f32]) -> Vec<f32> {
+        x.iter()
+            .map(|&x| match self.dtype {
+                KvDtype::F32 => x,
+                KvDtype::F16 => <f16 as KvElem>::from_f32(x).to_f32(),
+                KvDtype::Bf16 => <bf16 as KvElem>::from_f32(x).to_f32(),
+            })
+            .collect()
+    }
+
+    /// `x` as the bytes of stored values.
+    fn encoded(&self, x: &[f32]) -> Vec<u8> {
+        x.iter()
+            .flat_map(|&x| match self.dtype {
+                KvDtype::F32 => x.to_le_bytes().to_vec(),
+                KvDtype::F16 => <f16 as KvElem>::from_f32(x).to_le_bytes().to_vec(),
+                KvDtype::Bf16 => <bf16 as KvElem>::from_f32(x).to_le_bytes().to_vec(),
+            })
+            .collect()
     }
 }
 
@@ -47,9 +73,19 @@ fn config() -> impl Strategy<Value = Config> {
         1usize..=40,
         prop::sample::select(vec![1usize, 3, 4, 16, 32]),
         1usize..=70,
+        prop::sample::select(KvDtype::ALL.to_vec()),
     )
         .prop_map(
-            |(layers, kv_heads, head_dim, group, chunk_tokens, block_tokens, segment_tokens)| {
+            |(
+                layers,
+                kv_heads,
+                head_dim,
+                group,
+                chunk_tokens,
+                block_tokens,
+                segment_tokens,
+                dtype,
+            )| {
                 Config {
                     shape: KvShape {
                         layers,
@@ -60,6 +96,7 @@ fn config() -> impl Strategy<Value = Config> {
                     chunk_tokens,
                     block_tokens,
                     segment_tokens,
+                    dtype,
                 }
             },
         )
@@ -220,13 +257,22 @@ fn check_rows(cfg: &Config, r: &Reference, view: &dyn KvView) -> Result<(), Test
             "{:?} rows differ",
             view.layout()
         );
+        // As bytes: the stored values themselves.
+        let size = cfg.dtype.size();
+        let (mut kb, mut vb) = (vec![0u8; len * row * size], vec![0u8; len * row * size]);
+        view.read_raw(layer, 0..len, &mut kb, &mut vb).unwrap();
+        prop_assert!(kb == cfg.encoded(&r.k[layer]) && vb == cfg.encoded(&r.v[layer]));
     }
     Ok(())
 }
 
 fn check_bytes(cfg: &Config, r: &Reference, view: &dyn KvView) -> Result<(), TestCaseError> {
     let len = r.len(cfg.shape.row_len());
-    prop_assert_eq!(view.logical_bytes(), len * cfg.shape.bytes_per_token());
+    prop_assert_eq!(view.dtype(), cfg.dtype);
+    prop_assert_eq!(
+        view.logical_bytes(),
+        len * cfg.shape.bytes_per_token(cfg.dtype)
+    );
     // Every buffer is reported once and physical bytes are exactly the buffers reported.
     prop_assert_eq!(footprint(&[view]), view.physical_bytes());
     prop_assert!(view.physical_bytes() >= view.logical_bytes());
@@ -236,7 +282,7 @@ fn check_bytes(cfg: &Config, r: &Reference, view: &dyn KvView) -> Result<(), Tes
         let blocks = cfg.shape.layers * len.div_ceil(b);
         prop_assert_eq!(
             view.physical_bytes(),
-            blocks * 2 * b * cfg.shape.row_len() * 4
+            blocks * 2 * b * cfg.shape.row_len() * cfg.dtype.size()
         );
     }
     Ok(())
@@ -331,8 +377,8 @@ fn run(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     for c in &mut s.caches {
                         c.append(layer, &k, &v).unwrap();
                     }
-                    s.reference.k[layer].extend_from_slice(&k);
-                    s.reference.v[layer].extend_from_slice(&v);
+                    s.reference.k[layer].extend(cfg.stored(&k));
+                    s.reference.v[layer].extend(cfg.stored(&v));
                 }
             }
             Op::AppendInPlace { seq, n, seed } => {
@@ -348,13 +394,13 @@ fn run(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let lent = c.append_in_place(n).expect("every layout lends");
                     prop_assert_eq!(lent.len(), layers);
                     for (layer, (k, v)) in lent.into_iter().zip(&rows) {
-                        fill_lent(layer, start, n, row, k, v)
+                        fill_lent(layer, start, n, row, &cfg.encoded(k), &cfg.encoded(v))
                             .map_err(|e| TestCaseError::fail(format!("{layout:?}: {e}")))?;
                     }
                 }
                 for (layer, (k, v)) in rows.iter().enumerate() {
-                    s.reference.k[layer].extend_from_slice(k);
-                    s.reference.v[layer].extend_from_slice(v);
+                    s.reference.k[layer].extend(cfg.stored(k));
+                    s.reference.v[layer].extend(cfg.stored(v));
                 }
             }
             Op::Trim { seq, keep } => {
@@ -462,21 +508,22 @@ fn run(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 /// Checks that `layer`'s lent pieces are zeroed and cover positions `start .. start + n` in
-/// order, then fills them with `k` and `v` (`n` rows each).
+/// order, then fills them with the bytes `k` and `v` (`n` rows each).
 fn fill_lent(
     layer: LentLayer<'_>,
     start: usize,
     n: usize,
     row: usize,
-    k: &[f32],
-    v: &[f32],
+    k: &[u8],
+    v: &[u8],
 ) -> Result<(), String> {
     let mut at = start;
+    let size = k.len() / (n * row).max(1);
     for p in layer.pieces {
         if p.positions.start != at || p.positions.end > start + n {
             return Err(format!("piece {:?} after position {at}", p.positions));
         }
-        let len = p.positions.len() * row;
+        let len = p.positions.len() * row * size;
         if p.k.len() != len || p.v.len() != len {
             return Err(format!(
                 "piece {:?} holds {} values",
@@ -484,10 +531,10 @@ fn fill_lent(
                 p.k.len()
             ));
         }
-        if p.k.iter().chain(p.v.iter()).any(|x| *x != 0.0) {
+        if p.k.iter().chain(p.v.iter()).any(|x| *x != 0) {
             return Err(format!("piece {:?} is not zeroed", p.positions));
         }
-        let from = (at - start) * row;
+        let from = (at - start) * row * size;
         p.k.copy_from_slice(&k[from..from + len]);
         p.v.copy_from_slice(&v[from..from + len]);
         at = p.positions.end;
@@ -535,7 +582,7 @@ proptest! {
         let pool = BlockPool::new();
         let factories = cfg.factories(&pool);
         let row = cfg.shape.row_len();
-        let row_bytes = 2 * row * 4 * cfg.shape.layers;
+        let row_bytes = 2 * row * cfg.dtype.size() * cfg.shape.layers;
         let mut rng = Rng::new(len as u64 * 31 + n as u64);
         for (i, f) in factories.iter().enumerate().skip(1) {
             let mut origin = f.new_cache(cfg.shape);
@@ -556,7 +603,8 @@ proptest! {
             if i == 1 {
                 let b = cfg.block_tokens;
                 let blocks = (len + n).div_ceil(b) - len / b;
-                prop_assert_eq!(grown, blocks * cfg.shape.layers * 2 * b * row * 4);
+                let block = 2 * b * row * cfg.dtype.size();
+                prop_assert_eq!(grown, blocks * cfg.shape.layers * block);
             } else {
                 prop_assert!(grown >= n * row_bytes);
                 prop_assert!(grown <= (2 * n + 16) * row_bytes, "{} for {} tokens", grown, n);

@@ -495,6 +495,7 @@ struct Rows {
 }
 
 impl RowSource for Rows {
+    type Elem = f32;
     fn k_row(&self, pos: usize) -> &[f32] {
         &self.k[pos * self.row..(pos + 1) * self.row]
     }

@@ -98,7 +98,7 @@ proptest! {
         let factory = [
             CacheFactory::contiguous(),
             CacheFactory::paged(),
-            CacheFactory::Segmented { segment_tokens: 16 },
+            mtplx_kv::Layout::Segmented { segment_tokens: 16 }.into(),
         ][layout].clone();
         let whole = run(&model, &prompt, &[], &CacheFactory::contiguous());
         let split = run(&model, &prompt, &splits, &factory);

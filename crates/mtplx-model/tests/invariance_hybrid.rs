@@ -3,14 +3,14 @@
 //! prompt arrived: a cold prefill in chunks of 1, 7 or 64, a rollback to the checkpoint at
 //! the end of an earlier prompt or to one on the checkpoint grid followed by a prefill of
 //! the rest, or a checkpoint restored into a new cache of another layout; and in every KV
-//! layout. Checkpoints land on the grid and at the end of each prompt whatever the chunks,
+//! layout, for each K/V element type (f32, f16, bf16). Checkpoints land on the grid and at the end of each prompt whatever the chunks,
 //! and hold the same bits.
 
 use mtplx_kv::{CheckpointPolicy, Sequence};
 use mtplx_model::LanguageModel as _;
 use std::num::NonZeroUsize;
 
-use mtplx_kv::CacheFactory;
+use mtplx_kv::{CacheFactory, KvDtype, Layout};
 use mtplx_model::hybrid::{HybridConfig, HybridModel, HybridWeights};
 use mtplx_model::sampling::{Penalties, RandomSampling, Sampler, Sampling};
 use mtplx_model::Want;
@@ -31,12 +31,16 @@ fn policy() -> CheckpointPolicy {
     CheckpointPolicy::Every(NonZeroUsize::new(EVERY).unwrap())
 }
 
-fn layouts() -> Vec<(&'static str, CacheFactory)> {
+/// Every layout, storing K/V as `dtype`.
+fn layouts(dtype: KvDtype) -> Vec<(&'static str, CacheFactory)> {
     vec![
         ("contiguous", CacheFactory::contiguous()),
         ("paged", CacheFactory::paged()),
-        ("segmented", CacheFactory::Segmented { segment_tokens: 32 }),
+        ("segmented", Layout::Segmented { segment_tokens: 32 }.into()),
     ]
+    .into_iter()
+    .map(|(name, f)| (name, f.with_dtype(dtype).unwrap()))
+    .collect()
 }
 
 /// Prompts of several lengths (none on the checkpoint grid) from a fixed xorshift stream.
@@ -171,7 +175,11 @@ fn arrive(
             (cache, at)
         }
         Arrival::RestoreIntoNewCache => {
-            let (source, m) = earlier_turn(model, prompt, &CacheFactory::contiguous());
+            // Another layout, the same element type (rows of another type are other values).
+            let contiguous = CacheFactory::contiguous()
+                .with_dtype(factory.dtype())
+                .unwrap();
+            let (source, m) = earlier_turn(model, prompt, &contiguous);
             let cp = source
                 .checkpoints()
                 .unwrap()
@@ -207,10 +215,13 @@ fn tokens_and_logits_do_not_depend_on_how_the_prompt_arrived_or_the_layout() {
         Arrival::RollbackToGrid,
         Arrival::RestoreIntoNewCache,
     ];
-    for prompt in prompts(model.config().vocab_size) {
+    for (prompt, dtype) in prompts(model.config().vocab_size)
+        .into_iter()
+        .flat_map(|p| KvDtype::ALL.map(|d| (p.clone(), d)))
+    {
         for (sname, sampler) in samplers() {
             let mut reference: Option<Trace> = None;
-            for (lname, factory) in layouts() {
+            for (lname, factory) in layouts(dtype) {
                 for how in arrivals {
                     let (mut cache, logits) = arrive(&model, &prompt, &factory, how);
                     let trace = decode(&model, &mut cache, &prompt, &logits, sampler.clone());
@@ -224,10 +235,11 @@ fn tokens_and_logits_do_not_depend_on_how_the_prompt_arrived_or_the_layout() {
                             assert_eq!(
                                 differ,
                                 0,
-                                "prompt of {}, {sname}, {lname}, {how:?}: {differ} logits differ",
+                                "prompt of {}, {dtype} K/V, {sname}, {lname}, {how:?}: {differ} \
+                                 logits differ",
                                 prompt.len()
                             );
-                            assert_eq!(&trace, want, "{sname}, {lname}, {how:?}");
+                            assert_eq!(&trace, want, "{dtype}, {sname}, {lname}, {how:?}");
                         }
                     }
                 }

@@ -1,11 +1,11 @@
 //! Issue 9 on the default model's native (kernel) path: the logits after a prompt are
 //! bit-identical whichever way the prompt arrived (prefill chunks of 1, 7, 64 or 512, or a
 //! long prefix in chunks followed by its last tokens one at a time, as a cached prefix
-//! would be), and in every KV layout; so are the greedy continuations that follow.
+//! would be), and in every KV layout, for each K/V element type; so are the greedy continuations that follow.
 
 use std::path::PathBuf;
 
-use mtplx_kv::{CacheFactory, Sequence};
+use mtplx_kv::{CacheFactory, KvDtype, Sequence};
 use mtplx_model::{prefill, ForwardOutput, LanguageModel, Model, Want, WeightFormat};
 use serde::Deserialize;
 
@@ -14,7 +14,7 @@ struct Golden {
     cases: Vec<Case>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct Case {
     name: String,
     prompt_ids: Vec<u32>,
@@ -96,16 +96,20 @@ fn continue_greedy(model: &Model, cache: &mut Sequence, first: &[f32], n: usize)
 fn logits_do_not_depend_on_the_prefill_chunk_or_the_layout() {
     let model = load();
     let shape = model.state_shape();
-    let layouts = [
-        ("contiguous", CacheFactory::contiguous()),
-        ("paged", CacheFactory::paged()),
-        ("segmented", CacheFactory::segmented()),
-    ];
-    // One of the two 2K-token prompts: they take most of the time.
-    for case in cases()
+    // One of the two 2K-token prompts: they take most of the time. Every K/V element type
+    // on the short prompts; f32 and the server's default, f16, on the long one.
+    for (case, dtype) in cases()
         .into_iter()
         .filter(|c| c.name != "chat_long_lighthouse")
+        .flat_map(|c| KvDtype::ALL.map(|d| (c.clone(), d)))
+        .filter(|(c, d)| c.prompt_ids.len() <= 512 || *d != KvDtype::Bf16)
     {
+        let layouts = [
+            ("contiguous", CacheFactory::contiguous()),
+            ("paged", CacheFactory::paged()),
+            ("segmented", CacheFactory::segmented()),
+        ]
+        .map(|(name, f)| (name, f.with_dtype(dtype).unwrap()));
         let ids = &case.prompt_ids;
         let long = ids.len() > 512;
         // Chunks of 1 on a 2K prompt are 2K decode steps: the long prompt gets its last 16
@@ -142,10 +146,14 @@ fn logits_do_not_depend_on_the_prefill_chunk_or_the_layout() {
                         let differ = logits.iter().zip(want).filter(|(a, b)| a != b).count();
                         assert_eq!(
                             differ, 0,
-                            "{}: {layout} {how:?}: {differ} logits differ in their bits",
+                            "{} ({dtype} K/V): {layout} {how:?}: {differ} logits differ in their bits",
                             case.name
                         );
-                        assert_eq!(&tokens, want_tokens, "{}: {layout} {how:?}", case.name);
+                        assert_eq!(
+                            &tokens, want_tokens,
+                            "{} ({dtype}): {layout} {how:?}",
+                            case.name
+                        );
                     }
                 }
             }

@@ -153,6 +153,12 @@ pub struct Config {
     /// The KV layout the engine decodes in (restores are built in it).
     #[arg(long, env = "MTPLX_KV_LAYOUT", value_enum, default_value = "paged")]
     pub kv_layout: LayoutFlag,
+    /// The element type K/V rows are stored in, in RAM and on the SSD tier: `f16` halves
+    /// what `f32` costs and keeps the reference's greedy tokens on the default model; each
+    /// row is rounded once, when written. States stored under another type are not reused
+    /// (`ssd_kv_format_mismatch`).
+    #[arg(long, env = "MTPLX_KV_DTYPE", default_value = "f16")]
+    pub kv_dtype: mtplx_kv::KvDtype,
     /// Request log path, or `off` [default: $MTPLX_HOME/logs/request-log-PORT.jsonl].
     #[arg(long, env = "MTPLX_REQUEST_LOG_JSONL")]
     pub request_log_jsonl: Option<String>,
@@ -377,6 +383,7 @@ impl Config {
             LayoutFlag::Paged => mtplx_kv::LayoutKind::Paged,
             LayoutFlag::Segmented => mtplx_kv::LayoutKind::Segmented,
         };
+        t.kv_dtype = self.kv_dtype;
         self.ssd.apply(&mut t);
         self.bank.apply(&mut t.bank);
         if let Some(v) = self.limits.memory_limit {
@@ -536,10 +543,15 @@ mod tests {
             "60",
             "--kv-layout",
             "segmented",
+            "--kv-dtype",
+            "bf16",
             "--ssd-session-cache-free-disk-floor",
             "0",
         ])
         .tier_config();
+        assert_eq!(t.kv_dtype, mtplx_kv::KvDtype::Bf16);
+        assert_eq!(parse(&[]).tier_config().kv_dtype, mtplx_kv::KvDtype::F16);
+        assert!(Config::try_parse_from(["mtplx-serve", "--kv-dtype", "f8"]).is_err());
         assert_eq!(t.ssd, SsdMode::WriteOnly);
         assert_eq!(t.ssd_dir, PathBuf::from("/tmp/x"));
         assert_eq!(t.bank.memory_limit_bytes, 2 << 30);

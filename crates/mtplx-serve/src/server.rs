@@ -69,13 +69,15 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let local = listener.local_addr().map_err(io("local address"))?;
     println!(
         "mtplx serving {} ({}) on http://{local} | context {} tokens | weights {:.1} MiB ({:?}) | \
-         max active {} | speculation {} | memory limit {:.1} GiB, bank {:.1} GiB | SSD cache {} \
+         kv {} {:?} | max active {} | speculation {} | memory limit {:.1} GiB, bank {:.1} GiB | SSD cache {} \
          | request log {} | key {}",
         state.model_id(),
         path.display(),
         state.context_window(),
         weight_bytes as f64 / (1 << 20) as f64,
         format,
+        state.tier().factory().dtype(),
+        state.tier().factory().layout(),
         settings.max_active_requests,
         match settings.speculation.depth {
             0 => "off".to_string(),

@@ -17,6 +17,7 @@ pub fn identity(name: &str) -> Identity {
         chat_template: "none".into(),
         mtp: Mtp::Off,
         policy: "default".into(),
+        kv_dtype: mtplx_bank::cold_dtype(mtplx_kv::KvDtype::F32),
     }
 }
 

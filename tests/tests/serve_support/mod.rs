@@ -177,6 +177,17 @@ pub fn greedy_chat(content: &str, max_tokens: u32) -> Value {
     })
 }
 
+/// Stops a server: its engine thread and SSD store go with the last handle. The store's
+/// directory lock is the last thing released (after the writer drains), so that is what a
+/// restart on the same directory waits for; the bank being gone is not enough.
+pub async fn stop(state: AppState, ssd: &std::path::Path) {
+    drop(state);
+    eventually("the first server's SSD store to close", || {
+        !mtplx_cold::storage::FsStorage::in_use(ssd).expect("probe the SSD directory lock")
+    })
+    .await;
+}
+
 /// Waits until `cond` holds; fails the test after a generous bound (a liveness check, not
 /// a timing assertion).
 pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {

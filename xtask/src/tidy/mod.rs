@@ -30,8 +30,11 @@ pub const MAX_LINES: usize = 800;
 /// candle only in `mtplx-model`; tokio, hyper, tower and HTTP only in `mtplx-serve`; the
 /// SSD tier's crate only under the bank; `mtplx-kv` knows no model, file or tensor library.
 pub const ALLOWED: &[(&str, &[&str])] = &[
-    ("mtplx-kernels", &["half", "thiserror"]),
-    ("mtplx-kv", &["mtplx-kernels", "thiserror"]),
+    ("mtplx-kernels", &["half", "bytemuck", "thiserror"]),
+    (
+        "mtplx-kv",
+        &["mtplx-kernels", "half", "bytemuck", "thiserror"],
+    ),
     (
         "mtplx-model",
         &[
@@ -57,7 +60,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("mtplx-spec", &["mtplx-model", "mtplx-kv", "thiserror"]),
     (
         "mtplx-cold",
-        &["thiserror", "blake3", "redb", "libc", "bytemuck"],
+        &["thiserror", "blake3", "redb", "libc", "half"],
     ),
     ("mtplx-bank", &["mtplx-kv", "mtplx-cold", "thiserror"]),
     (

@@ -29,6 +29,7 @@ pub fn identity() -> Identity {
         chat_template: "tmpl".into(),
         mtp: Mtp::Off,
         policy: "default".into(),
+        kv_dtype: mtplx_bank::cold_dtype(mtplx_kv::KvDtype::F32),
     }
 }
 

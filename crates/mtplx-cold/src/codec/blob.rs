@@ -1,6 +1,7 @@
 //! The 256-byte header every blob file starts with.
 
 use super::{DecodeError, Reader};
+use crate::dtype::KvDtype;
 use crate::key::FORMAT_VERSION;
 use crate::payload::KvGeometry;
 
@@ -8,6 +9,9 @@ pub const MAGIC: [u8; 8] = *b"MTPXCOLD";
 pub const HEADER_LEN: usize = 256;
 /// Where the checksum sits: it covers `header[..CHECKSUM_AT]` and then the payload.
 pub const CHECKSUM_AT: usize = 224;
+/// Where a KV block header holds its rows' element type ([`KvDtype::code`], one byte; zero
+/// in a state header).
+pub const KV_DTYPE_AT: usize = 84;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlobKind {
@@ -108,7 +112,21 @@ impl BlobHeader {
         for (i, w) in words.iter().enumerate() {
             h[64 + 4 * i..68 + 4 * i].copy_from_slice(&w.to_le_bytes());
         }
+        if let Descriptor::Kv { geometry, .. } = self.descriptor {
+            h[KV_DTYPE_AT] = geometry.dtype.code();
+        }
         h
+    }
+
+    /// The element type code of a KV block header of this format version, read without
+    /// decoding the rest (a header whose type was changed no longer decodes: its payload
+    /// length is that of another type). `None` for bytes that are not such a header.
+    pub fn raw_kv_dtype(bytes: &[u8]) -> Option<u8> {
+        let word = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+        let kv = bytes.get(..8)? == MAGIC
+            && word(8)? == FORMAT_VERSION
+            && word(12)? == BlobKind::KvBlock.code();
+        kv.then(|| bytes.get(KV_DTYPE_AT).copied())?
     }
 
     /// Decodes a header, checking everything but the checksum (which needs the payload).
@@ -132,12 +150,15 @@ impl BlobHeader {
         for x in &mut w {
             *x = r.u32()?;
         }
+        let dtype_code = r.u8()?;
         let descriptor = match kind {
             BlobKind::KvBlock => {
                 let geometry = KvGeometry {
                     layers: w[0],
                     kv_heads: w[1],
                     head_dim: w[2],
+                    dtype: KvDtype::from_code(dtype_code)
+                        .ok_or(DecodeError::KvDtype(dtype_code))?,
                 };
                 if !geometry.is_valid() || w[3] == 0 || w[3] as usize > crate::BLOCK_TOKENS {
                     return Err(DecodeError::Field("kv descriptor"));
@@ -157,7 +178,7 @@ impl BlobHeader {
                     2 => StateRole::Tail,
                     _ => return Err(DecodeError::Field("state role")),
                 };
-                if w[2..] != [0, 0, 0] {
+                if w[2..] != [0, 0, 0] || dtype_code != 0 {
                     return Err(DecodeError::Field("reserved"));
                 }
                 Descriptor::State {
@@ -166,7 +187,10 @@ impl BlobHeader {
                 }
             }
         };
-        if r.take(CHECKSUM_AT - 84)?.iter().any(|&b| b != 0) {
+        if r.take(CHECKSUM_AT - KV_DTYPE_AT - 1)?
+            .iter()
+            .any(|&b| b != 0)
+        {
             return Err(DecodeError::Field("reserved"));
         }
         let checksum = r.array::<32>()?;
@@ -206,6 +230,7 @@ mod tests {
             layers: 2,
             kv_heads: 3,
             head_dim: 4,
+            dtype: KvDtype::Bf16,
         };
         let hdr = BlobHeader {
             key: [9; 32],
@@ -226,8 +251,69 @@ mod tests {
         foreign[0] = b'X';
         assert_eq!(BlobHeader::decode(&foreign), Err(DecodeError::Foreign));
         let mut newer = bytes;
-        newer[8..12].copy_from_slice(&2u32.to_le_bytes());
-        assert_eq!(BlobHeader::decode(&newer), Err(DecodeError::Version(2)));
+        newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        assert_eq!(
+            BlobHeader::decode(&newer),
+            Err(DecodeError::Version(FORMAT_VERSION + 1))
+        );
         assert_eq!(BlobHeader::decode(&bytes[..100]), Err(DecodeError::Short));
+    }
+
+    #[test]
+    fn a_kv_header_stores_its_element_type_and_a_payload_of_that_type() {
+        for dtype in KvDtype::ALL {
+            let geometry = KvGeometry {
+                layers: 2,
+                kv_heads: 3,
+                head_dim: 4,
+                dtype,
+            };
+            let hdr = |payload_len| BlobHeader {
+                key: [1; 32],
+                payload_len,
+                descriptor: Descriptor::Kv {
+                    geometry,
+                    n_tokens: 5,
+                    first_position: 0,
+                },
+            };
+            let bytes = hdr(5 * geometry.bytes_per_token()).encode();
+            assert_eq!(bytes[KV_DTYPE_AT], dtype.code());
+            assert_eq!(BlobHeader::raw_kv_dtype(&bytes), Some(dtype.code()));
+            assert_eq!(
+                BlobHeader::decode(&bytes).map(|h| h.0),
+                Ok(hdr(5 * geometry.bytes_per_token()))
+            );
+            // The payload length is that of the header's own type.
+            let f32_len = 5 * KvGeometry {
+                dtype: KvDtype::F32,
+                ..geometry
+            }
+            .bytes_per_token();
+            assert_eq!(
+                BlobHeader::decode(&hdr(f32_len).encode()).is_ok(),
+                dtype == KvDtype::F32
+            );
+            let mut unknown = bytes;
+            unknown[KV_DTYPE_AT] = 3;
+            assert_eq!(BlobHeader::decode(&unknown), Err(DecodeError::KvDtype(3)));
+            assert_eq!(BlobHeader::raw_kv_dtype(&unknown), Some(3));
+        }
+        // A state header has no element type: the byte is reserved.
+        let state = BlobHeader {
+            key: [2; 32],
+            payload_len: 9,
+            descriptor: Descriptor::State {
+                role: StateRole::Tail,
+                position: 3,
+            },
+        };
+        let mut bytes = state.encode();
+        assert_eq!(BlobHeader::raw_kv_dtype(&bytes), None);
+        bytes[KV_DTYPE_AT] = 1;
+        assert_eq!(
+            BlobHeader::decode(&bytes),
+            Err(DecodeError::Field("reserved"))
+        );
     }
 }

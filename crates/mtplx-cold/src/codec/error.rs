@@ -11,6 +11,8 @@ pub enum DecodeError {
     Foreign,
     #[error("format version {0}")]
     Version(u32),
+    #[error("unknown K/V element type code {0}")]
+    KvDtype(u8),
     #[error("bad field: {0}")]
     Field(&'static str),
 }

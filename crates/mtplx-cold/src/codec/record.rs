@@ -2,6 +2,7 @@
 //! ids and block keys).
 
 use super::{put_u32, put_u64, DecodeError, Reader};
+use crate::dtype::KvDtype;
 use crate::identity::IdentityDigest;
 use crate::key::{BlockKey, StateKey, TokenHash, FORMAT_VERSION};
 use crate::payload::KvGeometry;
@@ -56,6 +57,7 @@ impl EntryHead {
         put_u32(&mut out, self.geometry.layers);
         put_u32(&mut out, self.geometry.kv_heads);
         put_u32(&mut out, self.geometry.head_dim);
+        out.push(self.geometry.dtype.code());
         put_u32(&mut out, self.n_tokens);
         out.extend_from_slice(&self.token_hash.0);
         match &self.checkpoints {
@@ -94,6 +96,10 @@ impl EntryHead {
             layers: r.u32()?,
             kv_heads: r.u32()?,
             head_dim: r.u32()?,
+            dtype: {
+                let code = r.u8()?;
+                KvDtype::from_code(code).ok_or(DecodeError::KvDtype(code))?
+            },
         };
         if !geometry.is_valid() {
             return Err(DecodeError::Field("geometry"));
@@ -204,6 +210,7 @@ mod tests {
                 layers: 2,
                 kv_heads: 1,
                 head_dim: 8,
+                dtype: KvDtype::F16,
             },
             n_tokens: 300,
             token_hash: TokenHash([2; 32]),
@@ -221,7 +228,12 @@ mod tests {
             kv_bytes: 12345,
             created_s: 1_700_000_000,
         };
-        assert_eq!(EntryHead::decode(&head.encode()), Ok(head));
+        // The element type follows the geometry's three u32 (docs/cold-format.md).
+        let mut bytes = head.encode();
+        assert_eq!(bytes[4 + 32 + 12], KvDtype::F16.code());
+        assert_eq!(EntryHead::decode(&bytes), Ok(head));
+        bytes[4 + 32 + 12] = 9;
+        assert_eq!(EntryHead::decode(&bytes), Err(DecodeError::KvDtype(9)));
         let body = EntryBody {
             tokens: (0..300).collect(),
             blocks: vec![BlockKey([5; 32]), BlockKey([6; 32])],

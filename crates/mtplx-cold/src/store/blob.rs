@@ -1,5 +1,5 @@
-//! One blob file on the read path: its name, opening it, checking its header against the
-//! manifest, and its little-endian payload.
+//! One blob file on the read path: its name, opening it, and checking its header against
+//! the manifest.
 
 use std::io;
 
@@ -57,6 +57,19 @@ pub(super) fn check_header(
     if actual >= HEADER_LEN as u64 {
         file.read_at(0, &mut head).map_err(ioe)?;
     }
+    // The element type first: rows of another type are refused by name (such a header
+    // doesn't decode, its payload length being that of its own type).
+    if let (Descriptor::Kv { geometry, .. }, Some(found)) =
+        (expect, BlobHeader::raw_kv_dtype(&head))
+    {
+        if found != geometry.dtype.code() {
+            return Err(ReadError::KvDtype {
+                blob: blob(),
+                found,
+                expected: geometry.dtype,
+            });
+        }
+    }
     let header = match BlobHeader::decode(&head) {
         Ok(h) => Some(h),
         Err(DecodeError::Foreign) if actual >= HEADER_LEN as u64 => {
@@ -105,12 +118,4 @@ pub(super) fn check_header(
         return Err(ReadError::Header { blob: blob(), what });
     }
     Ok((head, sum))
-}
-
-pub(super) fn from_le(values: &mut [f32]) {
-    if cfg!(target_endian = "big") {
-        for v in values.iter_mut() {
-            *v = f32::from_bits(u32::from_le(v.to_bits()));
-        }
-    }
 }

@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::blob::{check_header, from_le, open_blob};
+use super::blob::{check_header, open_blob};
 use super::inner::Inner;
 use super::resident;
 use super::rows::{read_into, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
@@ -35,7 +35,7 @@ enum Dest<'s> {
     /// Into the sink: the block's rows of each layer of the extent.
     Sink(Vec<LayerRows<'s>>),
     /// Into a staging buffer: the extent's bytes in file order.
-    Staged(Vec<f32>),
+    Staged(Vec<u8>),
 }
 
 /// What the reader sends, in file order.
@@ -92,7 +92,7 @@ fn split_at_blocks<'s>(
     layers: Vec<DirectLayer<'s>>,
     plan: &Plan,
 ) -> Result<Vec<Vec<LayerRows<'s>>>, String> {
-    let (row, point) = (plan.row, plan.point);
+    let (row, point) = (plan.row_bytes, plan.point);
     if layers.len() != plan.g.layers as usize {
         return Err(format!(
             "direct rows: {} layers lent, {} expected",
@@ -115,7 +115,7 @@ fn split_at_blocks<'s>(
             if positions.start != at || positions.end > point || k.len() != len || v.len() != len {
                 return Err(format!(
                     "direct rows: layer {l} lends positions {positions:?} in {} K and {} V \
-                     values after position {at}, of {point} positions of {row} values",
+                     bytes after position {at}, of {point} positions of {row} bytes",
                     k.len(),
                     v.len()
                 ));
@@ -174,7 +174,7 @@ fn run<'s>(
     mut deliver: Deliver<'_, 's>,
 ) -> Result<BlocksRead, Failed> {
     let (piece_tx, piece_rx) = mpsc::channel::<Result<Piece<'s>, Failed>>();
-    let (free_tx, free_rx) = mpsc::channel::<Vec<f32>>();
+    let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
     direct.resize_with(plan.nblocks, || None);
 
     // `move`: the receivers are dropped when the caller stops early, which ends the reader.
@@ -205,19 +205,17 @@ fn run<'s>(
                 }
                 Piece::Extent { layers, dest } => {
                     let n = plan.stored(block);
-                    let span = n * plan.row;
+                    let span = n * plan.row_bytes;
                     match dest {
                         Dest::Sink(mut rows) => {
                             for part in rows.iter_mut().flat_map(LayerRows::file_order) {
-                                hasher.update(bytemuck::cast_slice(part));
-                                from_le(part);
+                                hasher.update(part);
                             }
                         }
-                        Dest::Staged(mut buf) => {
-                            hasher.update(bytemuck::cast_slice(&buf));
-                            from_le(&mut buf);
+                        Dest::Staged(buf) => {
+                            hasher.update(&buf);
                             let start = block * BLOCK_TOKENS;
-                            let take = plan.wanted(block) * plan.row;
+                            let take = plan.wanted(block) * plan.row_bytes;
                             for (l, kv) in layers.clone().zip(buf.chunks_exact(2 * span)) {
                                 let (k, v) = kv.split_at(span);
                                 let (k, v) = (&k[..take], &v[..take]);
@@ -263,7 +261,7 @@ fn read_all<'s>(
     plan: &Plan,
     direct: Vec<Option<Vec<LayerRows<'s>>>>,
     tx: &mpsc::Sender<Result<Piece<'s>, Failed>>,
-    free: mpsc::Receiver<Vec<f32>>,
+    free: mpsc::Receiver<Vec<u8>>,
 ) -> Result<(), Failed> {
     let mut waited = Duration::ZERO;
     let mut staging = 0;
@@ -285,7 +283,7 @@ fn read_all<'s>(
             next = Some(open(i + 1));
         }
         let n = plan.stored(i);
-        let layer_len = 2 * n * plan.row;
+        let layer_bytes = 2 * n * plan.row_bytes;
         let (head, sum) = check_header(
             file.as_ref(),
             &key,
@@ -298,7 +296,7 @@ fn read_all<'s>(
             return Ok(());
         }
         for layers in plan.extents() {
-            let offset = (HEADER_LEN + layers.start * layer_len * 4) as u64;
+            let offset = (HEADER_LEN + layers.start * layer_bytes) as u64;
             let dest = match rows.as_mut() {
                 Some(rows) => {
                     let mut mine: Vec<LayerRows<'s>> = rows.drain(..layers.len()).collect();
@@ -321,8 +319,8 @@ fn read_all<'s>(
                             buf
                         }
                     };
-                    buf.resize(layers.len() * layer_len, 0.0);
-                    file.read_at(offset, bytemuck::cast_slice_mut(&mut buf))
+                    buf.resize(layers.len() * layer_bytes, 0);
+                    file.read_at(offset, &mut buf)
                         .map_err(|e| blob(io(e, key)))?;
                     Dest::Staged(buf)
                 }

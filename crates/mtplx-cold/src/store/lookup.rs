@@ -4,11 +4,12 @@ use redb::{ReadOnlyMultimapTable, ReadOnlyTable};
 
 use super::inner::Inner;
 use crate::codec::{DecodeError, EntryBody, EntryHead};
+use crate::dtype::KvDtype;
 use crate::error::{db, ManifestError};
 use crate::id::EntryId;
-use crate::identity::IdentityDigest;
+use crate::identity::{Identity, IdentityDigest};
 use crate::index::{ColdCandidate, ColdLookup, ColdQuery, MatchKind};
-use crate::key::{blocks_for, full_block_keys, TokenHasher, BLOCK_TOKENS};
+use crate::key::{blocks_for, full_block_keys, BlockKey, TokenHasher, BLOCK_TOKENS};
 use crate::manifest;
 use crate::miss::MissReason;
 use crate::miss::RestoreErrorKind;
@@ -22,6 +23,7 @@ pub(crate) fn lookup(inner: &Inner, q: &ColdQuery<'_>) -> ColdLookup {
 }
 
 struct Tables {
+    lengths: ReadOnlyTable<([u8; 32], u32), u64>,
     heads: ReadOnlyTable<u64, &'static [u8]>,
     bodies: ReadOnlyTable<u64, &'static [u8]>,
     by_hash: ReadOnlyTable<[u8; 32], u64>,
@@ -34,30 +36,80 @@ fn lookup_manifest(inner: &Inner, q: &ColdQuery<'_>) -> Result<ColdLookup, Manif
     }
     let identity = q.identity.digest();
     let r = inner.manifest().db.begin_read().map_err(db)?;
-    let lengths: Vec<u32> = {
-        let t = r.open_table(manifest::LENGTHS).map_err(db)?;
-        let range = t
-            .range((identity.0, 0)..=(identity.0, u32::MAX))
-            .map_err(db)?;
-        let mut out = Vec::new();
-        for row in range {
-            out.push(row.map_err(db)?.0.value().1);
-        }
-        out
-    };
-    if lengths.is_empty() {
-        return Ok(ColdLookup::miss(MissReason::EmptyLookup));
-    }
     let t = Tables {
+        lengths: r.open_table(manifest::LENGTHS).map_err(db)?,
         heads: r.open_table(manifest::HEADS).map_err(db)?,
         bodies: r.open_table(manifest::BODIES).map_err(db)?,
         by_hash: r.open_table(manifest::BY_HASH).map_err(db)?,
         block_entries: r.open_multimap_table(manifest::BLOCK_ENTRIES).map_err(db)?,
     };
-    Ok(ColdLookup {
-        exact: exact(&t, q, &identity, &lengths)?,
-        block: block(&t, q, &identity)?,
-    })
+    let lengths = stored_lengths(&t, &identity)?;
+    let found = match lengths.is_empty() {
+        true => ColdLookup::miss(MissReason::EmptyLookup),
+        false => ColdLookup {
+            exact: exact(&t, q, &identity, &lengths)?,
+            block: block(&t, q, &identity)?,
+        },
+    };
+    // Nothing of this identity matched at all: is the prompt stored as another type?
+    let unmatched = |r: &Result<ColdCandidate, MissReason>| {
+        matches!(r, Err(MissReason::EmptyLookup | MissReason::PrefixMiss))
+    };
+    if unmatched(&found.exact) && unmatched(&found.block) && stored_as_another_dtype(&t, q)? {
+        return Ok(ColdLookup::miss(MissReason::KvFormatMismatch));
+    }
+    Ok(found)
+}
+
+/// The distinct entry lengths stored under `identity`, ascending.
+fn stored_lengths(t: &Tables, identity: &IdentityDigest) -> Result<Vec<u32>, ManifestError> {
+    let range = t
+        .lengths
+        .range((identity.0, 0)..=(identity.0, u32::MAX))
+        .map_err(db)?;
+    let mut out = Vec::new();
+    for row in range {
+        out.push(row.map_err(db)?.0.value().1);
+    }
+    Ok(out)
+}
+
+/// Whether the prompt's exact prefix, or its first block (an entry holds every block of its
+/// chain, so any shared block means the first is shared), is stored under the query's
+/// identity with another K/V element type. From the indexes alone: no record is decoded, no
+/// blob opened.
+fn stored_as_another_dtype(t: &Tables, q: &ColdQuery<'_>) -> Result<bool, ManifestError> {
+    for kv_dtype in KvDtype::ALL {
+        if kv_dtype == q.identity.kv_dtype {
+            continue;
+        }
+        let other = Identity {
+            kv_dtype,
+            ..q.identity.clone()
+        }
+        .digest();
+        let mut hasher = TokenHasher::new(&other);
+        for len in stored_lengths(t, &other)? {
+            let len = len as usize;
+            if len == 0 || len > q.prompt.len() {
+                continue;
+            }
+            if t.by_hash
+                .get(hasher.prefix(q.prompt, len).0)
+                .map_err(db)?
+                .is_some()
+            {
+                return Ok(true);
+            }
+        }
+        if let Some(first) = q.prompt.get(..BLOCK_TOKENS) {
+            let key = BlockKey::chain(&other, &BlockKey::ROOT, first);
+            if !t.block_entries.get(key.0).map_err(db)?.is_empty() {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 enum Head {

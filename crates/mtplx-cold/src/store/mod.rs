@@ -148,6 +148,7 @@ impl ColdIndex for ColdStore {
     }
 
     fn check_room(&self, entry: &SpillEntry) -> Result<(), WriteError> {
+        entry.validate()?;
         let free = self.inner.free_space()?;
         let space = self.inner.space_with(free, self.inner.usage()?);
         let bytes = entry.estimated_bytes();

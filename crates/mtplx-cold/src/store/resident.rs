@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::blob::{blob_name, check_header, from_le};
+use super::blob::{blob_name, check_header};
 use super::rows::{read_into, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody};
@@ -115,33 +115,30 @@ impl Work<'_, '_> {
         let mut hasher = GatherHasher::default();
         hasher.update(&head[..CHECKSUM_AT]);
         let mut offset = HEADER_LEN as u64;
-        let span = n * plan.row;
+        let span = n * plan.row_bytes;
         let mut staged = match partial {
-            true => vec![0f32; 2 * span],
+            true => vec![0u8; 2 * span],
             false => Vec::new(),
         };
         for rows in layers.iter_mut() {
             if partial {
-                file.read_at(offset, bytemuck::cast_slice_mut(&mut staged))
-                    .map_err(io)?;
-                offset += staged.len() as u64 * 4;
+                file.read_at(offset, &mut staged).map_err(io)?;
+                offset += staged.len() as u64;
                 let t = Instant::now();
-                hasher.update(bytemuck::cast_slice(&staged));
+                hasher.update(&staged);
                 hashing += t.elapsed();
-                from_le(&mut staged);
-                let take = plan.wanted(i) * plan.row;
+                let take = plan.wanted(i) * plan.row_bytes;
                 let (sk, sv) = staged.split_at(span);
                 rows.fill(&sk[..take], &sv[..take]);
                 continue;
             }
             read_into(file, offset, std::slice::from_mut(rows)).map_err(io)?;
-            offset += 2 * span as u64 * 4;
+            offset += 2 * span as u64;
             let t = Instant::now();
             for part in rows.file_order() {
-                hasher.update(bytemuck::cast_slice(part));
+                hasher.update(part);
             }
             hashing += t.elapsed();
-            rows.file_order().for_each(from_le);
         }
         if hasher.finalize() != sum {
             return Err(blob(ReadError::Checksum {

@@ -23,8 +23,8 @@ pub(super) type Failed = (ReadError, Option<(BlobKind, [u8; 32])>);
 /// layer's bytes of the block in file order.
 #[derive(Debug, Default)]
 pub(super) struct LayerRows<'s> {
-    pub(super) k: Vec<&'s mut [f32]>,
-    pub(super) v: Vec<&'s mut [f32]>,
+    pub(super) k: Vec<&'s mut [u8]>,
+    pub(super) v: Vec<&'s mut [u8]>,
 }
 
 /// blake3 over many small slices at the speed of large ones. blake3 hashes several 1 KiB
@@ -76,13 +76,13 @@ impl GatherHasher {
 
 impl<'s> LayerRows<'s> {
     /// The slices in file order: every K slice, then every V slice.
-    pub(super) fn file_order(&mut self) -> impl Iterator<Item = &mut [f32]> + use<'_, 's> {
+    pub(super) fn file_order(&mut self) -> impl Iterator<Item = &mut [u8]> + use<'_, 's> {
         self.k.iter_mut().chain(self.v.iter_mut()).map(|s| &mut **s)
     }
 
     /// Copies a staged layer's wanted rows into the slices: `k` (and `v`) hold as many
-    /// values as the K (and the V) slices together.
-    pub(super) fn fill(&mut self, k: &[f32], v: &[f32]) {
+    /// bytes as the K (and the V) slices together.
+    pub(super) fn fill(&mut self, k: &[u8], v: &[u8]) {
         for (parts, mut src) in [(&mut self.k, k), (&mut self.v, v)] {
             for part in parts.iter_mut() {
                 let (head, rest) = src.split_at(part.len());
@@ -108,7 +108,8 @@ pub(super) struct BlocksRead {
 /// The shape of a restore: which blocks, how many of their rows, in which extents.
 pub(super) struct Plan {
     pub(super) g: KvGeometry,
-    pub(super) row: usize,
+    /// Bytes of one K (or V) row.
+    pub(super) row_bytes: usize,
     pub(super) point: usize,
     pub(super) nblocks: usize,
     pub(super) entry_tokens: usize,
@@ -118,10 +119,10 @@ pub(super) struct Plan {
 impl Plan {
     pub(super) fn new(head: &EntryHead, point: usize) -> Plan {
         let g = head.geometry;
-        let layer_bytes = 2 * BLOCK_TOKENS * g.row_len() * 4;
+        let layer_bytes = 2 * BLOCK_TOKENS * g.row_bytes();
         Plan {
             g,
-            row: g.row_len(),
+            row_bytes: g.row_bytes(),
             point,
             nblocks: blocks_for(point),
             entry_tokens: head.n_tokens as usize,
@@ -163,10 +164,6 @@ pub(super) fn read_into(
     offset: u64,
     rows: &mut [LayerRows<'_>],
 ) -> std::io::Result<()> {
-    let mut parts: Vec<&mut [u8]> = rows
-        .iter_mut()
-        .flat_map(LayerRows::file_order)
-        .map(bytemuck::cast_slice_mut)
-        .collect();
+    let mut parts: Vec<&mut [u8]> = rows.iter_mut().flat_map(LayerRows::file_order).collect();
     file.read_vectored_at(offset, &mut parts)
 }

@@ -272,20 +272,21 @@ pub(crate) fn evict(inner: &Inner, cap: u64, keep: Option<EntryId>) -> Result<us
     Ok(evicted)
 }
 
-/// Stages block `index` (all layers, K then V per layer, positions outermost) and writes it.
+/// Stages block `index` (all layers, K then V per layer, positions outermost: the rows'
+/// bytes as the source holds them) and writes it.
 fn write_kv_block(
     inner: &Inner,
     entry: &SpillEntry,
     index: usize,
     key: &[u8; 32],
-    stage: &mut Vec<f32>,
+    stage: &mut Vec<u8>,
 ) -> Result<(), WriteError> {
     let g = entry.geometry;
     let start = index * BLOCK_TOKENS;
     let n = (entry.tokens.len() - start).min(BLOCK_TOKENS);
-    let span = n * g.row_len();
+    let span = n * g.row_bytes();
     stage.clear();
-    stage.resize(2 * g.layers as usize * span, 0.0);
+    stage.resize(2 * g.layers as usize * span, 0);
     for (layer, kv) in stage.chunks_exact_mut(2 * span).enumerate() {
         let (k, v) = kv.split_at_mut(span);
         entry
@@ -293,17 +294,16 @@ fn write_kv_block(
             .read_rows(layer, start..start + n, k, v)
             .map_err(WriteError::Source)?;
     }
-    let payload = f32_le_bytes(stage);
     let header = BlobHeader {
         key: *key,
-        payload_len: payload.len() as u64,
+        payload_len: stage.len() as u64,
         descriptor: Descriptor::Kv {
             geometry: g,
             n_tokens: n as u32,
             first_position: start as u32,
         },
     };
-    write_blob(inner, BlobKind::KvBlock, &header, payload)
+    write_blob(inner, BlobKind::KvBlock, &header, stage)
 }
 
 /// Step 1 for one blob: temp file, fsync, rename.
@@ -331,14 +331,4 @@ fn write_blob(
         let _ = storage.remove(&tmp);
     }
     written
-}
-
-/// The payload bytes of f32 values, little-endian whatever the host.
-pub(crate) fn f32_le_bytes(values: &mut [f32]) -> &[u8] {
-    if cfg!(target_endian = "big") {
-        for v in values.iter_mut() {
-            *v = f32::from_bits(v.to_bits().to_le());
-        }
-    }
-    bytemuck::cast_slice(values)
 }

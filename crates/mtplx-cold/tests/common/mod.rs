@@ -7,14 +7,15 @@ use std::sync::Arc;
 use mtplx_cold::storage::{FaultyStorage, Storage};
 use mtplx_cold::{
     ColdCandidate, ColdConfig, ColdIndex, ColdLookup, ColdQuery, ColdStore, F32Buffer, Identity,
-    KvGeometry, KvRows, Mtp, NamedBytes, Recurrent, RecurrentCheckpoint, SpillEntry, TailState,
-    GIB,
+    KvDtype, KvGeometry, KvRows, Mtp, NamedBytes, Recurrent, RecurrentCheckpoint, SpillEntry,
+    TailState, GIB,
 };
 
 pub const GEOMETRY: KvGeometry = KvGeometry {
     layers: 3,
     kv_heads: 2,
     head_dim: 4,
+    dtype: KvDtype::F32,
 };
 
 pub fn identity() -> Identity {
@@ -23,6 +24,15 @@ pub fn identity() -> Identity {
         chat_template: "tmpl-hash".into(),
         mtp: Mtp::Off,
         policy: "default".into(),
+        kv_dtype: KvDtype::F32,
+    }
+}
+
+/// [`identity`] with rows of `kv_dtype`.
+pub fn identity_of(kv_dtype: KvDtype) -> Identity {
+    Identity {
+        kv_dtype,
+        ..identity()
     }
 }
 
@@ -46,7 +56,12 @@ pub fn tokens(n: usize, salt: u32) -> Vec<u32> {
 /// K/V rows that depend on the layer, the position and the token there, so equal prefixes
 /// have equal rows.
 pub fn rows(tokens: &[u32]) -> KvRows {
-    KvRows::from_fn(GEOMETRY, tokens.len(), |l, p, i, v| {
+    rows_of(GEOMETRY, tokens)
+}
+
+/// [`rows`] in another geometry (or element type).
+pub fn rows_of(geometry: KvGeometry, tokens: &[u32]) -> KvRows {
+    KvRows::from_fn(geometry, tokens.len(), |l, p, i, v| {
         let t = tokens[p] as f32;
         t * 0.001 + l as f32 * 10.0 + i as f32 * 0.01 + if v { 0.5 } else { -0.5 } + p as f32
     })
@@ -88,6 +103,17 @@ pub fn entry(tokens: &[u32]) -> SpillEntry {
     }
 }
 
+/// [`entry`] with rows of `dtype`, written under [`identity_of`] `dtype`.
+pub fn entry_of(dtype: KvDtype, tokens: &[u32]) -> SpillEntry {
+    let geometry = KvGeometry { dtype, ..GEOMETRY };
+    SpillEntry {
+        identity: identity_of(dtype),
+        geometry,
+        kv: Box::new(rows_of(geometry, tokens)),
+        ..entry(tokens)
+    }
+}
+
 pub fn hybrid_entry(tokens: &[u32], checkpoints: &[u32]) -> SpillEntry {
     SpillEntry {
         recurrent: Recurrent::Checkpoints(checkpoints.iter().map(|&p| checkpoint(p)).collect()),
@@ -100,8 +126,12 @@ pub fn open(storage: &FaultyStorage, config: ColdConfig) -> ColdStore {
 }
 
 pub fn lookup(store: &dyn ColdIndex, prompt: &[u32]) -> ColdLookup {
+    lookup_as(store, &identity(), prompt)
+}
+
+pub fn lookup_as(store: &dyn ColdIndex, identity: &Identity, prompt: &[u32]) -> ColdLookup {
     store.lookup(&ColdQuery {
-        identity: &identity(),
+        identity,
         prompt,
         floor: 0,
     })

@@ -7,8 +7,6 @@
 //! only by giving up invariance: the block size decides where the softmax rescales, so it
 //! changes bits.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::{exp, AttnGeometry, OutPtr, RowSource, State, GROUP, MAX_HEAD_DIM, TILE_VECTORS};
 use crate::pool::Pool;
 
@@ -20,7 +18,7 @@ pub const MAX_B: usize = 256;
 ///
 /// # Panics
 /// As [`attend_with`](super::attend_with), or if `B` is 0 or over [`MAX_B`].
-pub fn attend_blocks<const B: usize, S: RowSource>(
+pub fn attend_blocks<const B: usize, S: RowSource<Elem = f32>>(
     src: &S,
     q: &[f32],
     g: AttnGeometry,
@@ -40,13 +38,8 @@ pub fn attend_blocks<const B: usize, S: RowSource>(
     let group = g.q_heads / g.kv_heads;
     let chunks = (n_q * group).div_ceil(TILE_VECTORS);
     let items = g.kv_heads * chunks;
-    let next = AtomicUsize::new(0);
     let out_ptr = OutPtr(out.as_mut_ptr());
-    pool.run(pool.threads().min(items), &|_| loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= items {
-            break;
-        }
+    super::for_each_item(pool, items, &|i, _| {
         let (chunk, kvh) = (chunks - 1 - i / g.kv_heads, i % g.kv_heads);
         let it = super::Item::new(q, g, n_q, kvh, chunk, 0..usize::MAX);
         // SAFETY: as in `attend_with`: items write disjoint query heads of `out`.
@@ -54,7 +47,11 @@ pub fn attend_blocks<const B: usize, S: RowSource>(
     });
 }
 
-unsafe fn run<const B: usize, S: RowSource>(src: &S, it: &super::Item<'_>, out: OutPtr) {
+unsafe fn run<const B: usize, S: RowSource<Elem = f32>>(
+    src: &S,
+    it: &super::Item<'_>,
+    out: OutPtr,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
@@ -69,19 +66,31 @@ unsafe fn run<const B: usize, S: RowSource>(src: &S, it: &super::Item<'_>, out: 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn item_avx512<const B: usize, S: RowSource>(src: &S, it: &super::Item<'_>, out: OutPtr) {
+unsafe fn item_avx512<const B: usize, S: RowSource<Elem = f32>>(
+    src: &S,
+    it: &super::Item<'_>,
+    out: OutPtr,
+) {
     item::<B, S>(src, it, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn item_avx2<const B: usize, S: RowSource>(src: &S, it: &super::Item<'_>, out: OutPtr) {
+unsafe fn item_avx2<const B: usize, S: RowSource<Elem = f32>>(
+    src: &S,
+    it: &super::Item<'_>,
+    out: OutPtr,
+) {
     item::<B, S>(src, it, out)
 }
 
 /// `super::item` with blocks of `B` keys.
 #[inline(always)]
-unsafe fn item<const B: usize, S: RowSource>(src: &S, it: &super::Item<'_>, out: OutPtr) {
+unsafe fn item<const B: usize, S: RowSource<Elem = f32>>(
+    src: &S,
+    it: &super::Item<'_>,
+    out: OutPtr,
+) {
     let g = it.g;
     let hd = g.head_dim;
     let row = g.kv_heads * hd;
@@ -205,6 +214,7 @@ mod tests {
     }
 
     impl RowSource for Rows {
+        type Elem = f32;
         fn k_row(&self, pos: usize) -> &[f32] {
             &self.k[pos]
         }

@@ -4,14 +4,19 @@ mod pool;
 
 pub use pool::{BlockPool, PoolStats};
 
+use std::mem::size_of;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::check::{append_rows, attend_geometry, check_layer, read_range};
+use crate::check::{
+    append_rows, attend_geometry, bytes_mut, check_layer, read_range, Raw, RowsOut, Wide,
+};
 use crate::{
-    BufferId, KvCache, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece, ShareTarget,
+    BufferId, KvCache, KvDtype, KvElem, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
+    ShareTarget,
 };
 use mtplx_kernels::attention::{self, RowSource};
+use mtplx_kernels::elem::narrow;
 
 use pool::Block;
 
@@ -31,12 +36,25 @@ use pool::Block;
 /// memory is reused block by block through the pool instead of growing per sequence.
 /// For a single long sequence prefer [`crate::Contiguous`] (prefill) or
 /// [`crate::Segmented`] (cheap snapshots).
-#[derive(Debug, Clone)]
-pub struct Paged {
+#[derive(Debug)]
+pub struct Paged<E: KvElem = f32> {
     shape: KvShape,
     block_tokens: usize,
     pool: BlockPool,
     layers: Vec<PagedLayer>,
+    elem: std::marker::PhantomData<E>,
+}
+
+impl<E: KvElem> Clone for Paged<E> {
+    fn clone(&self) -> Self {
+        Paged {
+            shape: self.shape,
+            block_tokens: self.block_tokens,
+            pool: self.pool.clone(),
+            layers: self.layers.clone(),
+            elem: std::marker::PhantomData,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -49,43 +67,51 @@ struct PagedLayer {
 impl PagedLayer {
     /// Block `bi` (which must exist), made this layer's alone: a block shared with a fork or
     /// snapshot is replaced by a copy of its first `keep` rows.
-    fn own(&mut self, bi: usize, keep: usize, row: usize, pool: &BlockPool) -> &mut Block {
+    fn own<E: KvElem>(
+        &mut self,
+        bi: usize,
+        keep: usize,
+        row: usize,
+        pool: &BlockPool,
+    ) -> &mut Block {
         let slot = &mut self.blocks[bi];
         if Arc::get_mut(slot).is_none() {
-            let mut fresh = pool.alloc(slot.k().len() * 2);
+            let mut fresh = pool.alloc(slot.bytes());
             let (fk, fv) = Arc::get_mut(&mut fresh)
                 .expect("a fresh block is unique")
-                .kv_mut();
-            fk[..keep * row].copy_from_slice(&slot.k()[..keep * row]);
-            fv[..keep * row].copy_from_slice(&slot.v()[..keep * row]);
+                .kv_mut::<E>();
+            fk[..keep * row].copy_from_slice(&slot.k::<E>()[..keep * row]);
+            fv[..keep * row].copy_from_slice(&slot.v::<E>()[..keep * row]);
             *slot = fresh;
         }
         Arc::get_mut(slot).expect("unique after copy-on-write")
     }
 }
 
-struct PagedSource<'a> {
+struct PagedSource<'a, E> {
     blocks: &'a [Arc<Block>],
     len: usize,
     block_tokens: usize,
     row_len: usize,
+    elem: std::marker::PhantomData<E>,
 }
 
-impl RowSource for PagedSource<'_> {
+impl<E: KvElem> RowSource for PagedSource<'_, E> {
+    type Elem = E;
     #[inline]
-    fn k_row(&self, pos: usize) -> &[f32] {
+    fn k_row(&self, pos: usize) -> &[E] {
         let b = &self.blocks[pos / self.block_tokens];
         let o = (pos % self.block_tokens) * self.row_len;
         &b.k()[o..o + self.row_len]
     }
     #[inline]
-    fn v_row(&self, pos: usize) -> &[f32] {
+    fn v_row(&self, pos: usize) -> &[E] {
         let b = &self.blocks[pos / self.block_tokens];
         let o = (pos % self.block_tokens) * self.row_len;
         &b.v()[o..o + self.row_len]
     }
     #[inline]
-    fn run(&self, start: usize) -> Option<(&[f32], &[f32])> {
+    fn run(&self, start: usize) -> Option<(&[E], &[E])> {
         let bi = start / self.block_tokens;
         let filled = (self.len - bi * self.block_tokens).min(self.block_tokens);
         let b = &self.blocks[bi];
@@ -95,16 +121,25 @@ impl RowSource for PagedSource<'_> {
 }
 
 impl Paged {
-    /// An empty cache taking blocks of `block_tokens` positions from `pool`.
+    /// An empty `f32` cache taking blocks of `block_tokens` positions from `pool`.
+    pub fn new(shape: KvShape, block_tokens: usize, pool: BlockPool) -> Self {
+        Paged::empty(shape, block_tokens, pool)
+    }
+}
+
+impl<E: KvElem> Paged<E> {
+    /// An empty cache of `E` rows taking blocks of `block_tokens` positions from `pool`
+    /// (a pool may serve caches of several element types: their blocks differ in size).
     ///
     /// A `block_tokens` that is a multiple of [`attention::ATTN_BLOCK`] lets attention read
     /// each key block as one slice.
-    pub fn new(shape: KvShape, block_tokens: usize, pool: BlockPool) -> Self {
+    pub fn empty(shape: KvShape, block_tokens: usize, pool: BlockPool) -> Self {
         Paged {
             shape,
             block_tokens: block_tokens.max(1),
             pool,
             layers: vec![PagedLayer::default(); shape.layers],
+            elem: std::marker::PhantomData,
         }
     }
 
@@ -123,8 +158,10 @@ impl Paged {
         self.layers.get(layer).map_or(0, |l| l.blocks.len())
     }
 
-    fn block_floats(&self) -> usize {
-        2 * self.block_tokens * self.shape.row_len()
+    /// Bytes of one block (K and V): a multiple of 4, the pool's word, for every element
+    /// type (two halves of values of at least 2 bytes).
+    fn block_bytes(&self) -> usize {
+        2 * self.block_tokens * self.shape.row_len() * size_of::<E>()
     }
 
     fn layer(&self, layer: usize) -> Result<&PagedLayer, KvError> {
@@ -135,15 +172,37 @@ impl Paged {
     fn blocks(&self) -> impl Iterator<Item = &Arc<Block>> {
         self.layers.iter().flat_map(|l| l.blocks.iter())
     }
+
+    /// Rows `range` of `layer` (checked by the caller) into `out`, block by block.
+    fn read_into(&self, layer: &PagedLayer, range: Range<usize>, mut out: impl RowsOut) {
+        let (bt, row) = (self.block_tokens, self.shape.row_len());
+        let mut pos = range.start;
+        while pos < range.end {
+            let (bi, off) = (pos / bt, pos % bt);
+            let take = (bt - off).min(range.end - pos);
+            let src = off * row..(off + take) * row;
+            let b = &layer.blocks[bi];
+            out.put(
+                (pos - range.start) * row,
+                &b.k::<E>()[src.clone()],
+                &b.v::<E>()[src],
+            );
+            pos += take;
+        }
+    }
 }
 
-impl KvView for Paged {
+impl<E: KvElem> KvView for Paged<E> {
     fn shape(&self) -> KvShape {
         self.shape
     }
 
     fn layout(&self) -> LayoutKind {
         LayoutKind::Paged
+    }
+
+    fn dtype(&self) -> KvDtype {
+        E::DTYPE
     }
 
     fn layer_len(&self, layer: usize) -> usize {
@@ -158,23 +217,26 @@ impl KvView for Paged {
         v: &mut [f32],
     ) -> Result<(), KvError> {
         let l = self.layer(layer)?;
-        read_range(self.shape, l.len, &range, k, v)?;
-        let (bt, row) = (self.block_tokens, self.shape.row_len());
-        let mut pos = range.start;
-        while pos < range.end {
-            let (bi, off) = (pos / bt, pos % bt);
-            let take = (bt - off).min(range.end - pos);
-            let src = off * row..(off + take) * row;
-            let dst = (pos - range.start) * row..(pos - range.start + take) * row;
-            k[dst.clone()].copy_from_slice(&l.blocks[bi].k()[src.clone()]);
-            v[dst].copy_from_slice(&l.blocks[bi].v()[src]);
-            pos += take;
-        }
+        read_range(self.shape, l.len, &range, k, v, 1)?;
+        self.read_into(l, range, Wide(k, v));
+        Ok(())
+    }
+
+    fn read_raw(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<(), KvError> {
+        let l = self.layer(layer)?;
+        read_range(self.shape, l.len, &range, k, v, size_of::<E>())?;
+        self.read_into(l, range, Raw(k, v));
         Ok(())
     }
 
     fn logical_bytes(&self) -> usize {
-        let per_row = self.shape.row_len() * std::mem::size_of::<f32>() * 2;
+        let per_row = self.shape.row_len() * size_of::<E>() * 2;
         self.layers.iter().map(|l| l.len * per_row).sum()
     }
 
@@ -210,28 +272,28 @@ impl KvView for Paged {
     }
 }
 
-impl KvCache for Paged {
+impl<E: KvElem> KvCache for Paged<E> {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = append_rows(self.shape, layer, k, v)?;
         let (bt, row) = (self.block_tokens, self.shape.row_len());
-        let floats = self.block_floats();
+        let block_bytes = self.block_bytes();
         let pool = &self.pool;
         let l = &mut self.layers[layer];
         let mut done = 0;
         while done < n {
             let (bi, off) = (l.len / bt, l.len % bt);
             if bi == l.blocks.len() {
-                l.blocks.push(pool.alloc(floats));
+                l.blocks.push(pool.alloc(block_bytes));
             }
             // Shared with a fork or snapshot: copy the rows written so far.
-            let (bk, bv) = l.own(bi, off, row, pool).kv_mut();
+            let (bk, bv) = l.own::<E>(bi, off, row, pool).kv_mut::<E>();
             let take = (bt - off).min(n - done);
             let (dst, src) = (
                 off * row..(off + take) * row,
                 done * row..(done + take) * row,
             );
-            bk[dst.clone()].copy_from_slice(&k[src.clone()]);
-            bv[dst].copy_from_slice(&v[src]);
+            narrow(&k[src.clone()], &mut bk[dst.clone()]);
+            narrow(&v[src], &mut bv[dst]);
             l.len += take;
             done += take;
         }
@@ -243,7 +305,7 @@ impl KvCache for Paged {
     /// from the pool.
     fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
         let (bt, row) = (self.block_tokens, self.shape.row_len());
-        let floats = self.block_floats();
+        let block_bytes = self.block_bytes();
         let pool = &self.pool;
         let lent = self
             .layers
@@ -256,12 +318,12 @@ impl KvCache for Paged {
                 }
                 if start % bt != 0 {
                     // A truncate may have left stale rows past the length.
-                    let (k, v) = l.own(first, start % bt, row, pool).kv_mut();
-                    k[(start % bt) * row..].fill(0.0);
-                    v[(start % bt) * row..].fill(0.0);
+                    let (k, v) = l.own::<E>(first, start % bt, row, pool).kv_mut::<E>();
+                    k[(start % bt) * row..].fill(E::default());
+                    v[(start % bt) * row..].fill(E::default());
                 }
                 while l.blocks.len() < end.div_ceil(bt) {
-                    l.blocks.push(pool.alloc_zeroed(floats));
+                    l.blocks.push(pool.alloc_zeroed(block_bytes));
                 }
                 l.len = end;
                 let pieces = (first..)
@@ -270,11 +332,11 @@ impl KvCache for Paged {
                         let at = bi * bt;
                         let positions = start.max(at)..end.min(at + bt);
                         let rows = (positions.start - at) * row..(positions.end - at) * row;
-                        let (k, v) = Arc::get_mut(block).expect("owned above").kv_mut();
+                        let (k, v) = Arc::get_mut(block).expect("owned above").kv_mut::<E>();
                         LentPiece {
                             positions,
-                            k: &mut k[rows.clone()],
-                            v: &mut v[rows],
+                            k: bytes_mut(&mut k[rows.clone()]),
+                            v: bytes_mut(&mut v[rows]),
                         }
                     })
                     .collect();
@@ -294,11 +356,12 @@ impl KvCache for Paged {
     ) -> Result<(), KvError> {
         let l = self.layer(layer)?;
         let g = attend_geometry(self.shape, l.len, q, q_heads, scale, out)?;
-        let src = PagedSource {
+        let src = PagedSource::<E> {
             blocks: &l.blocks,
             len: l.len,
             block_tokens: self.block_tokens,
             row_len: self.shape.row_len(),
+            elem: std::marker::PhantomData,
         };
         attention::attend(&src, q, g, out);
         Ok(())
@@ -388,11 +451,12 @@ mod tests {
         let pool = BlockPool::new();
         let mut a = Paged::new(shape(), 4, pool);
         a.append(0, &rows(8, 0.0), &rows(8, 0.0)).unwrap();
-        let src = PagedSource {
+        let src = PagedSource::<f32> {
             blocks: &a.layers[0].blocks,
             len: 7,
             block_tokens: 4,
             row_len: 2,
+            elem: std::marker::PhantomData,
         };
         assert_eq!(src.run(0).unwrap().0, &rows(8, 0.0)[..8]);
         // The last block ends at the cache length, not the block size.

@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::KvElem;
+
 /// A ref-counted pool of fixed-size KV blocks, shared by every [`crate::Paged`] cache built
 /// from one [`crate::CacheFactory`] (cloning the pool clones the handle).
 ///
@@ -19,8 +21,8 @@ pub struct BlockPool {
 
 #[derive(Default)]
 struct PoolInner {
-    /// Free buffers by length in `f32`s.
-    free: Mutex<HashMap<usize, Vec<Box<[f32]>>>>,
+    /// Free buffers by length in 4-byte words.
+    free: Mutex<HashMap<usize, Vec<Box<[u32]>>>>,
     live_blocks: AtomicUsize,
     live_bytes: AtomicUsize,
 }
@@ -38,26 +40,34 @@ pub struct PoolStats {
     pub free_bytes: usize,
 }
 
-/// One block: `block_tokens` K rows followed by `block_tokens` V rows.
+/// One block: `block_tokens` K rows followed by `block_tokens` V rows, of whatever element
+/// type its cache stores (4-byte words underneath, so any [`KvElem`] can be cast to).
 pub(crate) struct Block {
-    data: Box<[f32]>,
+    data: Box<[u32]>,
     pool: Arc<PoolInner>,
 }
 
 impl Block {
     #[inline]
-    pub(crate) fn k(&self) -> &[f32] {
-        &self.data[..self.data.len() / 2]
+    fn values<E: KvElem>(&self) -> &[E] {
+        bytemuck::cast_slice(&self.data)
     }
     #[inline]
-    pub(crate) fn v(&self) -> &[f32] {
-        &self.data[self.data.len() / 2..]
+    pub(crate) fn k<E: KvElem>(&self) -> &[E] {
+        let all = self.values::<E>();
+        &all[..all.len() / 2]
+    }
+    #[inline]
+    pub(crate) fn v<E: KvElem>(&self) -> &[E] {
+        let all = self.values::<E>();
+        &all[all.len() / 2..]
     }
     /// The K and V halves, writable.
     #[inline]
-    pub(crate) fn kv_mut(&mut self) -> (&mut [f32], &mut [f32]) {
-        let half = self.data.len() / 2;
-        self.data.split_at_mut(half)
+    pub(crate) fn kv_mut<E: KvElem>(&mut self) -> (&mut [E], &mut [E]) {
+        let all: &mut [E] = bytemuck::cast_slice_mut(&mut self.data);
+        let half = all.len() / 2;
+        all.split_at_mut(half)
     }
     pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.data)
@@ -66,7 +76,7 @@ impl Block {
 
 impl fmt::Debug for Block {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Block({} f32)", self.data.len())
+        write!(f, "Block({} bytes)", 4 * self.data.len())
     }
 }
 
@@ -87,31 +97,34 @@ impl BlockPool {
         Self::default()
     }
 
-    /// A block of `floats` values (K and V halves), reused from the free list when one of
-    /// that size is there. Its contents are unspecified: callers write before they read.
-    pub(crate) fn alloc(&self, floats: usize) -> Arc<Block> {
-        self.alloc_with(floats, |_| {})
+    /// A block of `bytes` (K and V halves; a multiple of 4), reused from the free list when
+    /// one of that size is there. Its contents are unspecified: callers write before they
+    /// read.
+    pub(crate) fn alloc(&self, bytes: usize) -> Arc<Block> {
+        self.alloc_with(bytes, |_| {})
     }
 
-    /// A block of `floats` zeros: a reused block is cleared, a new one comes zeroed from the
+    /// A block of `bytes` zeros: a reused block is cleared, a new one comes zeroed from the
     /// allocator (no memset).
-    pub(crate) fn alloc_zeroed(&self, floats: usize) -> Arc<Block> {
-        self.alloc_with(floats, |data| data.fill(0.0))
+    pub(crate) fn alloc_zeroed(&self, bytes: usize) -> Arc<Block> {
+        self.alloc_with(bytes, |data| data.fill(0))
     }
 
-    /// A block of `floats` values, reused (after `reuse` on its stale values) when the free
-    /// list has one of that size, else newly allocated.
-    fn alloc_with(&self, floats: usize, reuse: impl FnOnce(&mut [f32])) -> Arc<Block> {
+    /// A block of `bytes`, reused (after `reuse` on its stale words) when the free list has
+    /// one of that size, else newly allocated.
+    fn alloc_with(&self, bytes: usize, reuse: impl FnOnce(&mut [u32])) -> Arc<Block> {
+        debug_assert!(bytes.is_multiple_of(4));
+        let words = bytes / 4;
         let reused = {
             let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
-            free.get_mut(&floats).and_then(Vec::pop)
+            free.get_mut(&words).and_then(Vec::pop)
         };
         let data = match reused {
             Some(mut data) => {
                 reuse(&mut data);
                 data
             }
-            None => vec![0f32; floats].into_boxed_slice(),
+            None => vec![0u32; words].into_boxed_slice(),
         };
         self.inner.live_blocks.fetch_add(1, Ordering::Relaxed);
         self.inner
@@ -181,7 +194,7 @@ mod tests {
     #[test]
     fn released_blocks_are_reused_and_trimmed() {
         let pool = BlockPool::new();
-        let a = pool.alloc(8);
+        let a = pool.alloc(32);
         let addr = a.data.as_ptr();
         assert_eq!(pool.stats().live_blocks, 1);
         assert_eq!(pool.stats().live_bytes, 32);
@@ -195,14 +208,15 @@ mod tests {
                 free_bytes: 32
             }
         );
-        let mut b = pool.alloc(8);
+        let mut b = pool.alloc(32);
         assert_eq!(b.data.as_ptr(), addr, "the freed buffer is reused");
-        Arc::get_mut(&mut b).unwrap().kv_mut().0.fill(3.0);
+        Arc::get_mut(&mut b).unwrap().kv_mut::<f32>().0.fill(3.0);
         drop(b);
-        let b = pool.alloc_zeroed(8);
+        let b = pool.alloc_zeroed(32);
         assert_eq!(b.data.as_ptr(), addr, "reused again");
-        assert_eq!(&b.data[..], [0.0; 8], "and cleared");
-        let c = pool.alloc(4);
+        assert_eq!(b.k::<f32>(), [0.0; 4], "and cleared");
+        assert_eq!(b.v::<crate::f16>().len(), 8, "halves: twice as many values");
+        let c = pool.alloc(16);
         assert_eq!(pool.stats().live_bytes, 48);
         drop((b, c));
         assert_eq!(pool.trim(), 48);
@@ -217,7 +231,7 @@ mod tests {
                 let pool = pool.clone();
                 std::thread::spawn(move || {
                     for _ in 0..100 {
-                        drop(pool.alloc(16));
+                        drop(pool.alloc(64));
                     }
                 })
             })

@@ -4,7 +4,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use mtplx_kv::{Contiguous, KvCache, KvError, KvShape, KvView, LayoutKind, MakeDeviceCache};
+use mtplx_kv::{
+    Contiguous, KvCache, KvDtype, KvError, KvShape, KvView, LayoutKind, MakeDeviceCache,
+};
 
 use super::device::CudaDevice;
 
@@ -108,6 +110,10 @@ impl KvView for CudaKvCache {
         LayoutKind::Device
     }
 
+    fn dtype(&self) -> KvDtype {
+        KvDtype::F32
+    }
+
     fn layer_len(&self, layer: usize) -> usize {
         self.lens[layer]
     }
@@ -148,13 +154,38 @@ impl KvView for CudaKvCache {
             .map_err(kv_error)
     }
 
+    /// `f32`, read back as its bytes (the host's byte order, as the SSD tier stores them).
+    fn read_raw(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<(), KvError> {
+        let n = range.len() * self.shape.row_len();
+        if k.len() != 4 * n || v.len() != 4 * n {
+            return Err(KvError::OutputSize {
+                got: k.len().min(v.len()),
+                expected: 4 * n,
+            });
+        }
+        let (mut kf, mut vf) = (vec![0f32; n], vec![0f32; n]);
+        self.read_rows(layer, range, &mut kf, &mut vf)?;
+        for (bytes, values) in [(k, kf), (v, vf)] {
+            for (b, x) in bytes.chunks_exact_mut(4).zip(values) {
+                b.copy_from_slice(&x.to_ne_bytes());
+            }
+        }
+        Ok(())
+    }
+
     fn logical_bytes(&self) -> usize {
-        self.len() * self.shape.bytes_per_token()
+        self.len() * self.shape.bytes_per_token(KvDtype::F32)
     }
 
     /// Device memory held (K and V of every layer, at capacity).
     fn physical_bytes(&self) -> usize {
-        self.capacity * self.shape.bytes_per_token()
+        self.capacity * self.shape.bytes_per_token(KvDtype::F32)
     }
 }
 
@@ -266,7 +297,7 @@ impl KvCache for CudaKvCache {
     }
 }
 
-/// Builds [`CudaKvCache`]s: `CacheFactory::Device(DeviceCaches(Arc::new(CudaCaches(dev))))`.
+/// Builds [`CudaKvCache`]s: `CacheFactory::device(DeviceCaches(Arc::new(CudaCaches(dev))))`.
 pub struct CudaCaches(pub Arc<CudaDevice>);
 
 impl MakeDeviceCache for CudaCaches {

@@ -128,7 +128,7 @@ impl CudaModel {
 
     /// The factory of this model's caches (on its device).
     pub fn cache_factory(&self) -> CacheFactory {
-        CacheFactory::Device(DeviceCaches(Arc::new(CudaCaches(self.dev.clone()))))
+        CacheFactory::device(DeviceCaches(Arc::new(CudaCaches(self.dev.clone()))))
     }
 
     /// Buffers for passes of up to `rows` rows.

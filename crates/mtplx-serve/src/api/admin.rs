@@ -33,6 +33,8 @@ pub fn sessions(state: &AppState) -> Response<Body> {
         "object": "list",
         "data": data,
         "bank": {
+            "kv_dtype": state.tier().factory().dtype().as_str(),
+            "kv_layout": format!("{:?}", state.tier().factory().layout()).to_lowercase(),
             "bytes": stats.bytes,
             "entries": stats.entries,
             "max_bytes": bank.config().max_bytes,
@@ -71,14 +73,18 @@ pub fn ssd(state: &AppState) -> Result<Response<Body>, ApiError> {
         SsdMode::On => "on",
         SsdMode::WriteOnly => "write-only",
     };
+    let kv_dtype = tier.factory().dtype().as_str();
     let Some(status) = tier.bank().ssd_status() else {
-        return Ok(json_response(&json!({ "mode": mode })));
+        return Ok(json_response(
+            &json!({ "mode": mode, "kv_dtype": kv_dtype }),
+        ));
     };
     let status = status.map_err(|e| ApiError::internal(e.to_string()))?;
     let (space, writes) = (&status.space, &status.writes);
     let bank = tier.bank().stats();
     Ok(json_response(&json!({
         "mode": mode,
+        "kv_dtype": kv_dtype,
         "dir": status.dir.display().to_string(),
         "entries": space.usage.entries,
         "used_bytes": space.usage.used_bytes,

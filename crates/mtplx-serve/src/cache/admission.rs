@@ -15,9 +15,10 @@ pub fn estimate(tier: &CacheTier, job: &Job, in_flight: u64) -> MemoryEstimate {
     MemoryEstimate {
         weights_bytes: tier.weights_bytes(),
         in_flight_bytes: in_flight,
-        kv_bytes: tier
-            .shape()
-            .bytes_for(job.prompt.len().saturating_add(job.max_tokens)),
+        kv_bytes: tier.shape().bytes_for(
+            job.prompt.len().saturating_add(job.max_tokens),
+            tier.factory().dtype(),
+        ),
         activation_bytes: tier.activation_bytes(),
     }
 }

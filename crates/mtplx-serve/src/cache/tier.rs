@@ -11,7 +11,7 @@ use mtplx_bank::{
     Bank, BankConfig, BankEvent, ColdConfig, Identity, Mtp, SpillOutcome, SsdAccess, SsdError,
     SsdSetup,
 };
-use mtplx_kv::{CacheFactory, LayoutKind, StateShape};
+use mtplx_kv::{CacheFactory, KvDtype, LayoutKind, StateShape};
 use mtplx_model::Bundle;
 
 use crate::job::Reservation;
@@ -35,6 +35,9 @@ pub struct TierConfig {
     pub bank: BankConfig,
     /// The layout the engine decodes in; restores build into it.
     pub layout: LayoutKind,
+    /// The element type K/V rows are stored in (`--kv-dtype`); part of the identity states
+    /// are stored under.
+    pub kv_dtype: KvDtype,
     pub ssd: SsdMode,
     pub ssd_dir: PathBuf,
     /// `None`: the cold tier's default for this machine's RAM.
@@ -60,6 +63,7 @@ impl TierConfig {
         TierConfig {
             bank: BankConfig::for_machine(ram),
             layout: LayoutKind::Paged,
+            kv_dtype: KvDtype::F16,
             ssd: SsdMode::On,
             ssd_dir: mtplx_model::store::mtplx_home().join("session-bank"),
             ssd_max_bytes: None,
@@ -79,6 +83,8 @@ pub enum TierError {
         "the server runs its model on the CPU; a device KV layout needs a device model backend"
     )]
     DeviceLayout,
+    #[error(transparent)]
+    Kv(#[from] mtplx_kv::KvError),
 }
 
 /// The shared state of the cache path. Cheap to clone.
@@ -112,7 +118,8 @@ impl CacheTier {
             LayoutKind::Paged => CacheFactory::paged(),
             LayoutKind::Segmented => CacheFactory::segmented(),
             LayoutKind::Device => return Err(TierError::DeviceLayout),
-        };
+        }
+        .with_dtype(config.kv_dtype)?;
         let access = match config.ssd {
             SsdMode::Off => None,
             SsdMode::On => Some(SsdAccess::ReadWrite),
@@ -142,7 +149,7 @@ impl CacheTier {
                 bank,
                 ssd: config.ssd,
                 ssd_dir: config.ssd_dir,
-                identity: identity(bundle),
+                identity: identity(bundle, config.kv_dtype),
                 factory,
                 shape: bundle.model.state_shape(),
                 min_prefix_tokens: config.min_prefix_tokens,
@@ -233,14 +240,16 @@ impl std::fmt::Debug for CacheTier {
 /// ([`Bundle::reuse_key`]: the model, the chat template's behaviour, the numerics). `mtp` is
 /// always off: the stored state is the trunk's K/V, which no head changes, and the head's
 /// own state is not stored (measured not to pay; `models/mtp/README.md`), so a head starts
-/// its context at the restored boundary.
-fn identity(bundle: &Bundle) -> Identity {
+/// its context at the restored boundary. `kv_dtype`: rows stored in one element type are
+/// never offered to a server keeping another.
+fn identity(bundle: &Bundle, kv_dtype: KvDtype) -> Identity {
     let key = bundle.reuse_key();
     Identity {
         model: key.model,
         chat_template: key.chat_template,
         mtp: Mtp::Off,
         policy: key.numerics,
+        kv_dtype: mtplx_bank::cold_dtype(kv_dtype),
     }
 }
 

@@ -1,0 +1,72 @@
+//! A diagnostic, not a result: the attention of one decode step over a long context, all
+//! layers, in each layout and element type, with the K/V bytes it reads per second.
+//!
+//! `cargo run --release -p mtplx-kv --example attend_decode -- [CONTEXT] [REPEATS] [DTYPE]`
+//! (defaults 6500, 20 and every element type; the default model's geometry: 30 layers, 9 query heads over 3 KV
+//! heads of 64).
+
+use std::time::Instant;
+
+use mtplx_kv::{CacheFactory, KvCache, KvDtype, KvShape};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let context: usize = args.next().map_or(6500, |a| a.parse().expect("CONTEXT"));
+    let repeats: usize = args.next().map_or(20, |a| a.parse().expect("REPEATS"));
+    let only: Option<KvDtype> = args.next().map(|a| a.parse().expect("DTYPE"));
+    let shape = KvShape {
+        layers: 30,
+        kv_heads: 3,
+        head_dim: 64,
+    };
+    let q_heads = 9;
+    let row = shape.row_len();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let rows: Vec<f32> = (0..context * row).map(|_| next()).collect();
+    let q: Vec<f32> = (0..q_heads * shape.head_dim).map(|_| next()).collect();
+    println!(
+        "context {context}, {repeats} steps of {} layers",
+        shape.layers
+    );
+    for dtype in KvDtype::ALL
+        .into_iter()
+        .filter(|d| only.is_none_or(|o| o == *d))
+    {
+        for (name, factory) in [
+            ("contiguous", CacheFactory::contiguous()),
+            ("paged", CacheFactory::paged()),
+            ("segmented", CacheFactory::segmented()),
+        ] {
+            let factory = factory.with_dtype(dtype).unwrap();
+            let mut cache = factory.new_cache(shape);
+            for layer in 0..shape.layers {
+                cache.append(layer, &rows, &rows).unwrap();
+            }
+            let mut out = vec![0f32; q.len()];
+            let step = |cache: &dyn KvCache, out: &mut [f32]| {
+                for layer in 0..shape.layers {
+                    cache.attend(layer, &q, q_heads, 0.125, out).unwrap();
+                }
+            };
+            step(&*cache, &mut out);
+            let t = Instant::now();
+            for _ in 0..repeats {
+                step(&*cache, &mut out);
+            }
+            let per = t.elapsed().as_secs_f64() / repeats as f64;
+            let bytes = context * shape.bytes_per_token(dtype);
+            println!(
+                "{dtype:>4} {name:>10}: {:7.2} ms a step, {:6.1} GB/s of K/V ({:.0} MB)",
+                per * 1e3,
+                bytes as f64 / per / 1e9,
+                bytes as f64 / 1e6
+            );
+        }
+    }
+}
