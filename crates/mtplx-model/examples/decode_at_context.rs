@@ -1,12 +1,12 @@
 //! A diagnostic: in-process decode speed after a prompt of each length (`MTPLX_TEST_MODEL`,
 //! default model otherwise), to set beside the same lengths through the server
-//! (`tools/bench/peer_server.py`).
+//! (`tools/bench/peer_server.py`). K/V in `$MTPLX_KV_DTYPE` (f16 by default, as the server).
 //!
 //!     cargo run --release -p mtplx-model --example decode_at_context -- 500 2000 6500
 
 use std::time::Instant;
 
-use mtplx_kv::CacheFactory;
+use mtplx_kv::{CacheFactory, KvDtype};
 use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
 use mtplx_model::{prefill, Bundle, Want, WeightFormat};
 
@@ -17,10 +17,17 @@ fn main() {
     let b = Bundle::load(&path, WeightFormat::Native).expect("model");
     let m = b.model.as_ref();
     let vocab = m.dims().vocab_size as u32;
+    let dtype: KvDtype = std::env::var("MTPLX_KV_DTYPE")
+        .unwrap_or_else(|_| "f16".into())
+        .parse()
+        .expect("MTPLX_KV_DTYPE: f32, f16 or bf16");
+    let factory = CacheFactory::paged()
+        .with_dtype(dtype)
+        .expect("a host layout");
     for arg in std::env::args().skip(1) {
         let ctx: usize = arg.parse().expect("a context length");
         let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919 + 13) % vocab).collect();
-        let mut seq = m.new_sequence(&CacheFactory::paged());
+        let mut seq = m.new_sequence(&factory);
         let t = Instant::now();
         let out = prefill(m, &prompt, &mut seq, 512).expect("prefill");
         let pre = t.elapsed().as_secs_f64();
