@@ -3,9 +3,9 @@
 use mtplx_cold::{
     BoxError, DirectLayer, DirectPiece, KvGeometry, KvSink, RecurrentCheckpoint, TailState,
 };
-use mtplx_kv::{bf16, f16, CacheFactory, KvCache, KvDtype, KvShape, LentLayer};
+use mtplx_kv::{CacheFactory, KvCache, KvDtype, KvShape, LentLayer};
 
-use crate::convert::geometry;
+use crate::convert::{cold_dtype, geometry};
 
 /// A [`KvSink`] that builds the restored rows straight into a cache built by the caller's
 /// factory: nothing of the SSD entry outlives the restore except the cache itself (and the
@@ -97,21 +97,14 @@ impl KvSink for CacheSink<'_> {
 
 /// The values whose little-endian `dtype` bytes are `bytes`, as `f32` (exactly).
 fn widen(dtype: KvDtype, bytes: &[u8]) -> Result<Vec<f32>, BoxError> {
+    let dtype = cold_dtype(dtype);
     if !bytes.len().is_multiple_of(dtype.size()) {
         return Err(format!("{} bytes are not whole {dtype} values", bytes.len()).into());
     }
-    let values = bytes.chunks_exact(dtype.size());
-    Ok(match dtype {
-        KvDtype::F32 => values
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        KvDtype::F16 => values
-            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        KvDtype::Bf16 => values
-            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-    })
+    Ok(bytes
+        .chunks_exact(dtype.size())
+        .map(|b| dtype.decode(b))
+        .collect())
 }
 
 fn direct_layer(layer: LentLayer<'_>) -> DirectLayer<'_> {
@@ -134,7 +127,7 @@ mod tests {
         ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, Identity, KvRows, Mtp,
         ReadPath, Recurrent, SpillEntry, GIB,
     };
-    use mtplx_kv::{BlockPool, KvView, Layout};
+    use mtplx_kv::{bf16, f16, BlockPool, KvView, Layout};
     use proptest::prelude::*;
 
     use super::*;

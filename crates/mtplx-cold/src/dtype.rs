@@ -49,7 +49,7 @@ impl KvDtype {
     }
 
     /// Appends `value` in this type, little-endian (f16 and bf16 round to nearest even).
-    pub(crate) fn encode(self, value: f32, out: &mut Vec<u8>) {
+    pub fn encode(self, value: f32, out: &mut Vec<u8>) {
         match self {
             KvDtype::F32 => out.extend_from_slice(&value.to_le_bytes()),
             KvDtype::F16 => out.extend_from_slice(&half::f16::from_f32(value).to_le_bytes()),
@@ -57,8 +57,9 @@ impl KvDtype {
         }
     }
 
-    /// The value whose little-endian bytes in this type are `bytes` (`size()` of them).
-    pub(crate) fn decode(self, bytes: &[u8]) -> f32 {
+    /// The value whose little-endian bytes in this type are `bytes` (`size()` of them):
+    /// exact, the value the rows hold.
+    pub fn decode(self, bytes: &[u8]) -> f32 {
         match self {
             KvDtype::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
             KvDtype::F16 => half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32(),

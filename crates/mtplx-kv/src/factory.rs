@@ -120,11 +120,6 @@ impl CacheFactory {
         }
     }
 
-    /// The layout and its parameters.
-    pub fn spec(&self) -> &Layout {
-        &self.layout
-    }
-
     /// The element type this factory's caches store.
     pub fn dtype(&self) -> KvDtype {
         self.dtype
