@@ -48,9 +48,12 @@ pub trait KvView: Send + Sync {
         k: &mut [u8],
         v: &mut [u8],
     ) -> Result<(), KvError>;
-    /// Bytes the stored rows would take packed (`len * bytes_per_token(dtype)`).
+    /// Bytes the stored rows take packed: every layer's positions, K and V, in
+    /// [`KvView::dtype`].
     fn logical_bytes(&self) -> usize {
-        self.len() * self.shape().bytes_per_token(self.dtype())
+        let shape = self.shape();
+        let per_row = 2 * shape.row_len() * self.dtype().size();
+        (0..shape.layers).map(|l| self.layer_len(l) * per_row).sum()
     }
     /// Bytes of every live buffer this view references, shared ones included.
     fn physical_bytes(&self) -> usize;

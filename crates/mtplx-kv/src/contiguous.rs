@@ -182,11 +182,6 @@ impl<E: KvElem> KvView for Contiguous<E> {
         self.read_into(layer, range, Raw(k, v))
     }
 
-    fn logical_bytes(&self) -> usize {
-        let per_row = self.shape.row_len() * size_of::<E>() * 2;
-        self.layers.iter().map(|l| l.len * per_row).sum()
-    }
-
     fn physical_bytes(&self) -> usize {
         self.layers
             .iter()

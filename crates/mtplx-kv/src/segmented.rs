@@ -301,11 +301,6 @@ impl<E: KvElem> KvView for Segmented<E> {
         Ok(())
     }
 
-    fn logical_bytes(&self) -> usize {
-        let per_row = self.shape.row_len() * size_of::<E>() * 2;
-        self.layers.iter().map(|l| l.len * per_row).sum()
-    }
-
     /// Bytes of every segment buffer this cache references (capacity included), shared
     /// segments included.
     fn physical_bytes(&self) -> usize {

@@ -235,11 +235,6 @@ impl<E: KvElem> KvView for Paged<E> {
         Ok(())
     }
 
-    fn logical_bytes(&self) -> usize {
-        let per_row = self.shape.row_len() * size_of::<E>() * 2;
-        self.layers.iter().map(|l| l.len * per_row).sum()
-    }
-
     /// Bytes of every block in the block tables, shared blocks included.
     fn physical_bytes(&self) -> usize {
         self.blocks().map(|b| b.bytes()).sum()
