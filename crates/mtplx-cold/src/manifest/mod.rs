@@ -5,6 +5,7 @@ mod backend;
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{
     Database, MultimapTableDefinition, ReadableMultimapTable, ReadableTable, ReadableTableMetadata,
@@ -42,6 +43,10 @@ pub(crate) const BLOBS: TableDefinition<[u8; 32], (u32, u64, u64)> = TableDefini
 
 pub(crate) struct Manifest {
     pub(crate) db: Database,
+    /// The storage the database lives in, dropped after it (fields drop in order): the
+    /// directory's lock is released only once redb has closed its file, so a process that
+    /// reopens the directory the moment the lock is free never finds a half-closed database.
+    _storage: Arc<dyn Storage>,
 }
 
 /// A blob no entry references any more: its file can go.
@@ -67,7 +72,9 @@ impl Manifest {
     /// Opens (or creates) the manifest. A manifest that is damaged beyond redb's repair, or
     /// of another format version, is renamed to `manifest.redb.bad` and replaced by an empty
     /// one; the reason is returned.
-    pub(crate) fn open(storage: &dyn Storage) -> Result<(Manifest, Option<String>), OpenError> {
+    pub(crate) fn open(
+        storage: &Arc<dyn Storage>,
+    ) -> Result<(Manifest, Option<String>), OpenError> {
         let path = Path::new(FILE);
         let io = |op, source| OpenError::Io {
             op,
@@ -84,7 +91,10 @@ impl Manifest {
             let file = storage.open(path).map_err(|e| io("open", e))?;
             match Manifest::builder().create_with_backend(backend::Backend(file)) {
                 Ok(db) => {
-                    let m = Manifest { db };
+                    let m = Manifest {
+                        db,
+                        _storage: storage.clone(),
+                    };
                     match m.format_version() {
                         Ok(Some(v)) if v == FORMAT_VERSION as u64 => return Ok((m, None)),
                         Ok(v) => reset = Some(format!("manifest format version {v:?}")),
@@ -105,7 +115,10 @@ impl Manifest {
         storage
             .sync_dir(Path::new(""))
             .map_err(|e| io("sync directory", e))?;
-        let m = Manifest { db };
+        let m = Manifest {
+            db,
+            _storage: storage.clone(),
+        };
         m.init().map_err(OpenError::Manifest)?;
         Ok((m, reset))
     }

@@ -58,7 +58,7 @@ impl Inner {
     /// commit). Called with `mutate` held. If it can't be reopened, the old handle stays
     /// and keeps failing until the process restarts.
     pub(crate) fn recover_manifest(&self) {
-        if let Ok((m, _)) = Manifest::open(self.storage.as_ref()) {
+        if let Ok((m, _)) = Manifest::open(&self.storage) {
             *self.manifest.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(m);
         }
     }

@@ -59,7 +59,7 @@ pub(crate) fn open(
             .map_err(io("remove", TMP_DIR))?;
         report.temp_removed += 1;
     }
-    let (manifest, reset) = Manifest::open(storage.as_ref())?;
+    let (manifest, reset) = Manifest::open(&storage)?;
     report.manifest_reset = reset;
     let inner = Inner {
         storage,
