@@ -204,10 +204,26 @@ fn attend_on<S: RowSource>(
         });
         return;
     }
-    // Few items (a decode step): one per span, each writing its query heads' span state to
-    // `partial`; then the spans merged in order, as an item folding them all would.
+    // Few items (a decode step): one per span (and band of KV heads), each writing its query
+    // heads' span state to `partial`; then the spans merged in order, as an item folding
+    // them all would. An item takes several KV heads side by side, so that it reads whole
+    // K and V rows (a stream the memory system keeps up with) rather than one head's slice
+    // of each (a strided read that leaves most of the bandwidth unused); as few as still
+    // give every thread two items.
+    let per_chunk = (n_q * group).min(TILE_VECTORS);
+    let mut band = (TILE_VECTORS / per_chunk).clamp(1, g.kv_heads);
+    while band > 1 && chunks * g.kv_heads.div_ceil(band) * spans < 2 * pool.threads() {
+        band -= 1;
+    }
+    let bands = g.kv_heads.div_ceil(band);
+    let units = chunks * bands;
+    let unit = |at: usize, keys| {
+        let (chunk, b) = (at / bands, at % bands);
+        let kvhs = b * band..((b + 1) * band).min(g.kv_heads);
+        Item::band(q, g, n_q, kvhs, chunk, keys)
+    };
     let slot = TILE_VECTORS * (g.head_dim + 2);
-    let split = items * spans;
+    let split = units * spans;
     SCRATCH.with(|cell| {
         let mut partial = cell.borrow_mut();
         partial.clear();
@@ -215,21 +231,18 @@ fn attend_on<S: RowSource>(
         let part = PartPtr(partial.as_mut_ptr());
         for_each_item(pool, split, &|i, scratch| {
             // The newest span first: it has the most query heads.
-            let (span, at) = (spans - 1 - i / items, i % items);
-            let (chunk, kvh) = (at / g.kv_heads, at % g.kv_heads);
-            let keys = span * ATTN_SPAN..(span + 1) * ATTN_SPAN;
-            let item = Item::new(q, g, n_q, kvh, chunk, keys);
+            let (span, at) = (spans - 1 - i / units, i % units);
+            let item = unit(at, span * ATTN_SPAN..(span + 1) * ATTN_SPAN);
             // SAFETY: each item writes its own slot of `partial`, which outlives `run`.
-            let dst = unsafe { part.at((span * items + at) * slot) };
+            let dst = unsafe { part.at((span * units + at) * slot) };
             unsafe { isa.run(src, &item, Dst::Partial(dst), scratch) };
         });
-        for at in 0..items {
-            let (chunk, kvh) = (at / g.kv_heads, at % g.kv_heads);
-            let item = Item::new(q, g, n_q, kvh, chunk, 0..usize::MAX);
+        for at in 0..units {
+            let item = unit(at, 0..usize::MAX);
             let hd = g.head_dim;
-            for v in 0..item.vectors.len() {
+            for t in 0..item.len() {
                 let read = |span: usize| {
-                    let base = (span * items + at) * slot + v * (hd + 2);
+                    let base = (span * units + at) * slot + t * (hd + 2);
                     let st = State {
                         m: partial[base],
                         l: partial[base + 1],
@@ -238,13 +251,13 @@ fn attend_on<S: RowSource>(
                 };
                 let (mut st, first) = read(0);
                 let mut acc = first.to_vec();
-                for span in 1..=item.pos_of(v) / ATTN_SPAN {
+                for span in 1..=item.pos_of(t) / ATTN_SPAN {
                     let (other, other_acc) = read(span);
                     merge(&mut st, &mut acc, other, other_acc);
                 }
-                // SAFETY: query head `v` of this item's output row, written by nothing else.
+                // SAFETY: query head `t` of this item's output row, written by nothing else.
                 let o =
-                    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().add(item.at(v)), hd) };
+                    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().add(item.at(t)), hd) };
                 finish(st, &acc, o);
             }
         }
@@ -350,14 +363,17 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// One work item: a run of the query heads (position-major) that share KV head `kvh`, over
-/// the keys at positions in `keys` (every key they see, or one span of them).
+/// One work item: a run of the query heads (position-major) that share a KV head, for
+/// `heads` consecutive KV heads from `kvh` side by side, over the keys at positions in
+/// `keys` (every key they see, or one span of them). The item's query head `t` belongs to
+/// KV head `kvh + t / vectors.len()`.
 struct Item<'a> {
     q: &'a [f32],
     g: AttnGeometry,
     n_q: usize,
     kvh: usize,
-    /// Indices `qi * group + h` into the `n_q × group` query heads of this KV head.
+    heads: usize,
+    /// Indices `qi * group + h` into the `n_q × group` query heads of each of its KV heads.
     vectors: std::ops::Range<usize>,
     keys: std::ops::Range<usize>,
 }
@@ -371,31 +387,54 @@ impl<'a> Item<'a> {
         chunk: usize,
         keys: std::ops::Range<usize>,
     ) -> Self {
+        Item::band(q, g, n_q, kvh..kvh + 1, chunk, keys)
+    }
+
+    /// The item of the KV heads `kvhs` side by side (`kvhs.len()` times the chunk's query
+    /// heads at most [`TILE_VECTORS`]).
+    fn band(
+        q: &'a [f32],
+        g: AttnGeometry,
+        n_q: usize,
+        kvhs: std::ops::Range<usize>,
+        chunk: usize,
+        keys: std::ops::Range<usize>,
+    ) -> Self {
         let group = g.q_heads / g.kv_heads;
         let first = chunk * TILE_VECTORS;
+        let vectors = first..(first + TILE_VECTORS).min(n_q * group);
+        debug_assert!(kvhs.len() * vectors.len() <= TILE_VECTORS);
         Item {
             q,
             g,
             n_q,
-            kvh,
-            vectors: first..(first + TILE_VECTORS).min(n_q * group),
+            kvh: kvhs.start,
+            heads: kvhs.len(),
+            vectors,
             keys,
         }
     }
 
-    /// The position of the item's query head `v`.
-    fn pos_of(&self, v: usize) -> usize {
+    /// How many query heads the item computes.
+    fn len(&self) -> usize {
+        self.heads * self.vectors.len()
+    }
+
+    /// The position of the item's query head `t`.
+    fn pos_of(&self, t: usize) -> usize {
+        let v = t % self.vectors.len();
         self.g.first_pos + (self.vectors.start + v) / (self.g.q_heads / self.g.kv_heads)
     }
 
-    /// Where query head `v`'s q and out rows start.
-    fn at(&self, v: usize) -> usize {
+    /// Where query head `t`'s q and out rows start.
+    fn at(&self, t: usize) -> usize {
         let group = self.g.q_heads / self.g.kv_heads;
+        let (band, v) = (t / self.vectors.len(), t % self.vectors.len());
         let (qi, h) = (
             (self.vectors.start + v) / group,
             (self.vectors.start + v) % group,
         );
-        (qi * self.g.q_heads + self.kvh * group + h) * self.g.head_dim
+        (qi * self.g.q_heads + (self.kvh + band) * group + h) * self.g.head_dim
     }
 }
 
@@ -461,19 +500,19 @@ mod x86;
 /// How many key blocks ahead of the one being folded the kernel prefetches.
 const PREFETCH_BLOCKS: usize = 2;
 
-/// Prefetches the head slice `off..off + hd` of the first [`ATTN_BLOCK`] K and V rows of
-/// a run (fewer if the run is shorter), one hint per cache line. A hint only: no result
-/// depends on it.
+/// Prefetches the slice `off..off + len` (the item's KV heads) of the first [`ATTN_BLOCK`]
+/// K and V rows of a run (fewer if the run is shorter), one hint per cache line. A hint
+/// only: no result depends on it.
 #[inline(always)]
-fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, hd: usize) {
+fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let size = std::mem::size_of::<E>();
         let rows = (ks.len() / row).min(ATTN_BLOCK);
         for j in 0..rows {
-            let (k, v) = (&ks[j * row + off..][..hd], &vs[j * row + off..][..hd]);
-            for at in (0..hd * size).step_by(64) {
+            let (k, v) = (&ks[j * row + off..][..len], &vs[j * row + off..][..len]);
+            for at in (0..len * size).step_by(64) {
                 // SAFETY: `_mm_prefetch` is SSE (every x86_64 CPU); the addresses are inside
                 // the slices, and a prefetch never faults or changes memory anyway.
                 unsafe {
@@ -484,7 +523,7 @@ fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, hd: usiz
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ks, vs, row, off, hd);
+    let _ = (ks, vs, row, off, len);
 }
 
 /// `dst = src` widened; `F16C`: the caller runs with AVX2 and F16C enabled (its
@@ -523,8 +562,17 @@ unsafe fn item<S: RowSource, const F16C: bool>(
     let g = it.g;
     let hd = g.head_dim;
     let row = g.kv_heads * hd;
-    let off = it.kvh * hd;
-    let nv = it.vectors.len();
+    // The item's query heads: `nvk` for each of its KV heads, KV head by KV head.
+    let (nt, nvk) = (it.len(), it.vectors.len());
+    // Each query head's position and where its q and out rows start, worked out once (the
+    // block loop asks for them at every block).
+    let mut pos = [0usize; TILE_VECTORS];
+    let mut at = [0usize; TILE_VECTORS];
+    for t in 0..nt {
+        (pos[t], at[t]) = (it.pos_of(t), it.at(t));
+    }
+    let pos_of = |t: usize| pos[t];
+    let at_of = |t: usize| at[t];
     debug_assert!(it.vectors.end <= it.n_q * g.q_heads / g.kv_heads);
     let fresh = State {
         m: f32::NEG_INFINITY,
@@ -532,7 +580,7 @@ unsafe fn item<S: RowSource, const F16C: bool>(
     };
     let mut st = [fresh; TILE_VECTORS];
     let Scratch { acc, macc, kt, vt } = scratch;
-    let acc = &mut acc[..nv * hd];
+    let acc = &mut acc[..nt * hd];
     acc.fill(0.0);
     // The spans before the current one, merged (`None`: still in the first; `macc` is
     // written before it is read).
@@ -541,24 +589,25 @@ unsafe fn item<S: RowSource, const F16C: bool>(
     // end keep stale values: their scores are computed and never used).
     let mut kw = [0f32; MAX_HEAD_DIM];
     let mut vrows: [&[S::Elem]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
-    let last = it.pos_of(nv - 1).min(it.keys.end - 1);
+    let last = pos_of(nt - 1).min(it.keys.end - 1);
     let mut start = it.keys.start;
     while start <= last {
         let nb = ATTN_BLOCK.min(last + 1 - start);
-        // Query heads whose position is before the block are done: they form a prefix.
-        let first_active = (0..nv).find(|&v| it.pos_of(v) >= start).unwrap_or(nv);
+        // Query heads whose position is before the block are done: in each KV head's run
+        // of query heads they form a prefix, the same for every KV head.
+        let active = (0..nvk).find(|&v| pos_of(v) >= start).unwrap_or(nvk);
         if start.is_multiple_of(ATTN_SPAN) && start > it.keys.start {
-            for v in first_active..nv {
-                let (a, ma) = (&acc[v * hd..(v + 1) * hd], &mut macc[v * hd..(v + 1) * hd]);
-                match &mut merged[v] {
-                    Some(m) => merge(m, ma, st[v], a),
+            for t in (0..nt).filter(|&t| t % nvk >= active) {
+                let (a, ma) = (&acc[t * hd..(t + 1) * hd], &mut macc[t * hd..(t + 1) * hd]);
+                match &mut merged[t] {
+                    Some(m) => merge(m, ma, st[t], a),
                     None => {
-                        merged[v] = Some(st[v]);
+                        merged[t] = Some(st[t]);
                         ma.copy_from_slice(a);
                     }
                 }
-                st[v] = fresh;
-                acc[v * hd..(v + 1) * hd].fill(0.0);
+                st[t] = fresh;
+                acc[t * hd..(t + 1) * hd].fill(0.0);
             }
         }
         // Ask for the rows a few blocks ahead now: a decode step streams keys from memory,
@@ -566,90 +615,138 @@ unsafe fn item<S: RowSource, const F16C: bool>(
         let ahead = start + PREFETCH_BLOCKS * ATTN_BLOCK;
         if ahead + ATTN_BLOCK <= last + 1 {
             if let Some((ks, vs)) = src.run(ahead) {
-                prefetch_rows(ks, vs, row, off, hd);
+                prefetch_rows(ks, vs, row, it.kvh * hd, it.heads * hd);
             }
         }
-        // The block's keys, transposed; its values, by row.
         let run = src.run(start).filter(|(ks, _)| ks.len() >= nb * row);
-        let mut krows: [&[S::Elem]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
-        for j in 0..nb {
-            (krows[j], vrows[j]) = match run {
-                Some((ks, vs)) => (&ks[j * row + off..][..hd], &vs[j * row + off..][..hd]),
-                None => (
-                    &src.k_row(start + j)[off..off + hd],
-                    &src.v_row(start + j)[off..off + hd],
-                ),
-            };
-            if S::Elem::as_f32(vrows[j]).is_none() {
-                widen::<_, F16C>(vrows[j], &mut vt[j * hd..(j + 1) * hd]);
-            }
-        }
         #[cfg(target_arch = "x86_64")]
         let transposed = F16C && nb == ATTN_BLOCK && hd.is_multiple_of(8);
         #[cfg(not(target_arch = "x86_64"))]
         let transposed = false;
-        if transposed {
-            #[cfg(target_arch = "x86_64")]
-            x86::transpose_block(&krows, hd, kt);
-        } else {
-            for (j, k) in krows.iter().enumerate().take(nb) {
-                let k = match S::Elem::as_f32(k) {
-                    Some(k) => k,
-                    None => {
-                        widen::<_, F16C>(k, &mut kw[..hd]);
-                        &kw[..hd]
-                    }
+        // A decode step's query heads go through the block in one group: their scores are
+        // computed from the rows directly, with no tile (the same operations).
+        let fused = transposed && nvk - active <= GROUP;
+        // ... and when every one of them sees the whole block, all of the block's work is
+        // done in registers ([`x86::block_fused`]).
+        let whole = fused && active < nvk && pos_of(active) >= start + ATTN_BLOCK - 1;
+        for band in (0..it.heads).filter(|_| active < nvk) {
+            let off = (it.kvh + band) * hd;
+            // The block's keys, transposed; its values, by row.
+            let mut krows: [&[S::Elem]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
+            for j in 0..nb {
+                (krows[j], vrows[j]) = match run {
+                    Some((ks, vs)) => (&ks[j * row + off..][..hd], &vs[j * row + off..][..hd]),
+                    None => (
+                        &src.k_row(start + j)[off..off + hd],
+                        &src.v_row(start + j)[off..off + hd],
+                    ),
                 };
-                for (d, &x) in k.iter().enumerate() {
-                    kt[d * ATTN_BLOCK + j] = x;
+                if !whole && S::Elem::as_f32(vrows[j]).is_none() {
+                    widen::<_, F16C>(vrows[j], &mut vt[j * hd..(j + 1) * hd]);
                 }
             }
-        }
-        // The values as `f32`: in place when stored so, else widened into `vt`.
-        let vs: [&[f32]; ATTN_BLOCK] = std::array::from_fn(|j| match S::Elem::as_f32(vrows[j]) {
-            Some(v) => v,
-            None => &vt[j * hd..(j + 1) * hd],
-        });
-        let mut v0 = first_active;
-        while v0 < nv {
-            let take = GROUP.min(nv - v0);
-            let qs: [&[f32]; GROUP] = std::array::from_fn(|r| {
-                let base = it.at(v0 + r.min(take - 1));
-                &it.q[base..base + hd]
-            });
-            let scores = scores(&qs, &kt[..hd * ATTN_BLOCK], g.scale);
-            for (r, sc) in scores.iter().enumerate().take(take) {
-                let v = v0 + r;
-                let n = nb.min(it.pos_of(v) + 1 - start);
-                let a = &mut acc[v * hd..(v + 1) * hd];
-                fold(&mut st[v], a, sc, n, &vs);
+            #[cfg(target_arch = "x86_64")]
+            if whole {
+                let t0 = band * nvk + active;
+                let acc = acc.as_mut_ptr();
+                let q = |t: usize| &it.q[at_of(t)..at_of(t) + hd];
+                let sm = |t: usize| x86::Softmax {
+                    m: st[t].m,
+                    l: st[t].l,
+                };
+                // Query head `t0 + r` of the group: its softmax state and accumulator.
+                macro_rules! group {
+                    ($($r:expr),+) => {{
+                        let mut s = [$(sm(t0 + $r)),+];
+                        let a = [$(acc.add((t0 + $r) * hd)),+];
+                        x86::block_fused(&krows, &vrows, hd, &[$(q(t0 + $r)),+], g.scale, &mut s, a);
+                        for (r, s) in s.into_iter().enumerate() {
+                            st[t0 + r] = State { m: s.m, l: s.l };
+                        }
+                    }};
+                }
+                match nvk - active {
+                    1 => group!(0),
+                    2 => group!(0, 1),
+                    3 => group!(0, 1, 2),
+                    _ => group!(0, 1, 2, 3),
+                }
+                continue;
             }
-            v0 += take;
+            if transposed {
+                #[cfg(target_arch = "x86_64")]
+                if !fused {
+                    x86::transpose_block(&krows, hd, kt);
+                }
+            } else {
+                for (j, k) in krows.iter().enumerate().take(nb) {
+                    let k = match S::Elem::as_f32(k) {
+                        Some(k) => k,
+                        None => {
+                            widen::<_, F16C>(k, &mut kw[..hd]);
+                            &kw[..hd]
+                        }
+                    };
+                    for (d, &x) in k.iter().enumerate() {
+                        kt[d * ATTN_BLOCK + j] = x;
+                    }
+                }
+            }
+            // The values as `f32`: in place when stored so, else widened into `vt`.
+            let vs: [&[f32]; ATTN_BLOCK] =
+                std::array::from_fn(|j| match S::Elem::as_f32(vrows[j]) {
+                    Some(v) => v,
+                    None => &vt[j * hd..(j + 1) * hd],
+                });
+            let end = (band + 1) * nvk;
+            let mut t0 = band * nvk + active;
+            while t0 < end {
+                let take = GROUP.min(end - t0);
+                let qs: [&[f32]; GROUP] = std::array::from_fn(|r| {
+                    let base = at_of(t0 + r.min(take - 1));
+                    &it.q[base..base + hd]
+                });
+                #[cfg(target_arch = "x86_64")]
+                let scores = if fused {
+                    x86::scores_fused_group(&krows, hd, &qs, take, g.scale)
+                } else {
+                    scores(&qs, &kt[..hd * ATTN_BLOCK], g.scale)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let scores = scores(&qs, &kt[..hd * ATTN_BLOCK], g.scale);
+                for (r, sc) in scores.iter().enumerate().take(take) {
+                    let t = t0 + r;
+                    let n = nb.min(pos_of(t) + 1 - start);
+                    let a = &mut acc[t * hd..(t + 1) * hd];
+                    fold(&mut st[t], a, sc, n, &vs);
+                }
+                t0 += take;
+            }
         }
         start += nb;
     }
-    for v in 0..nv {
-        let a = &acc[v * hd..(v + 1) * hd];
+    for t in 0..nt {
+        let a = &acc[t * hd..(t + 1) * hd];
         match out {
             Dst::Out(out) => {
-                // SAFETY: query head `v`'s output row, written only by this item (see above).
-                let o = std::slice::from_raw_parts_mut(out.0.add(it.at(v)), hd);
-                match &mut merged[v] {
+                // SAFETY: query head `t`'s output row, written only by this item (see above).
+                let o = std::slice::from_raw_parts_mut(out.0.add(at_of(t)), hd);
+                match &mut merged[t] {
                     Some(m) => {
-                        let ma = &mut macc[v * hd..(v + 1) * hd];
-                        merge(m, ma, st[v], a);
+                        let ma = &mut macc[t * hd..(t + 1) * hd];
+                        merge(m, ma, st[t], a);
                         finish(*m, ma, o);
                     }
-                    None => finish(st[v], a, o),
+                    None => finish(st[t], a, o),
                 }
             }
             // Query heads before the span saw none of its keys: nothing to write.
-            Dst::Partial(_) if it.pos_of(v) < it.keys.start => {}
+            Dst::Partial(_) if pos_of(t) < it.keys.start => {}
             Dst::Partial(p) => {
                 // SAFETY: this item's own slot, `TILE_VECTORS × (hd + 2)` long.
-                let slot = std::slice::from_raw_parts_mut(p.add(v * (hd + 2)), hd + 2);
-                slot[0] = st[v].m;
-                slot[1] = st[v].l;
+                let slot = std::slice::from_raw_parts_mut(p.add(t * (hd + 2)), hd + 2);
+                slot[0] = st[t].m;
+                slot[1] = st[t].l;
                 slot[2..].copy_from_slice(a);
             }
         }

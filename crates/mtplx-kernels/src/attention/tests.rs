@@ -265,3 +265,110 @@ fn dot_handles_tails() {
     let a: Vec<f32> = (0..13).map(|i| i as f32).collect();
     assert_eq!(dot(&a, &a), (0..13).map(|i| (i * i) as f32).sum::<f32>());
 }
+
+/// A decode step (one or two queries, each KV head's query heads in one group, whole key
+/// blocks folded in registers, KV heads side by side in an item) gives the portable
+/// kernel's bits, at every element type, head size, group size and thread count.
+#[test]
+fn decode_steps_give_the_portable_bits_on_this_cpu() {
+    struct Typed<E>(Vec<E>, Vec<E>, usize);
+    impl<E: KvElem> RowSource for Typed<E> {
+        type Elem = E;
+        fn k_row(&self, pos: usize) -> &[E] {
+            &self.0[pos * self.2..(pos + 1) * self.2]
+        }
+        fn v_row(&self, pos: usize) -> &[E] {
+            &self.1[pos * self.2..(pos + 1) * self.2]
+        }
+        fn run(&self, start: usize) -> Option<(&[E], &[E])> {
+            Some((&self.0[start * self.2..], &self.1[start * self.2..]))
+        }
+    }
+    fn check<E: KvElem>(kv_heads: usize, group: usize, hd: usize) {
+        let n = 2 * ATTN_SPAN + 45;
+        let row = kv_heads * hd;
+        let q_heads = kv_heads * group;
+        // Scores spread enough that the running maximum moves within blocks and between.
+        let val = |i: usize, s: f32| ((i * 13) as f32 * s).sin() * 3.0 + (i % 7) as f32 * 0.1;
+        let stored = |s: f32| -> Vec<E> { (0..n * row).map(|i| E::from_f32(val(i, s))).collect() };
+        let rows = Typed(stored(0.31), stored(0.17), row);
+        for n_q in [1, 2] {
+            // Mid-block, the last key of a block, the first of a span, deep in the last span.
+            for last in [40, 47, ATTN_SPAN, n - 1] {
+                let g = AttnGeometry {
+                    q_heads,
+                    kv_heads,
+                    head_dim: hd,
+                    first_pos: last + 1 - n_q,
+                    scale: 0.3,
+                };
+                let q: Vec<f32> = (0..n_q * q_heads * hd).map(|i| val(i, 0.23)).collect();
+                let mut want = vec![0f32; q.len()];
+                attend_on(Isa::Portable, &Pool::new(1), &rows, &q, g, &mut want);
+                for threads in [1, 2, 3] {
+                    let mut got = vec![0f32; q.len()];
+                    attend_on(Isa::detect(), &Pool::new(threads), &rows, &q, g, &mut got);
+                    let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{:?} {kv_heads}x{group} heads of {hd}, {n_q} queries to {last}, \
+                         {threads} threads",
+                        E::DTYPE
+                    );
+                }
+            }
+        }
+    }
+    for (kv_heads, group, hd) in [(3, 3, 64), (2, 7, 64), (2, 4, 128), (4, 1, 8), (1, 2, 32)] {
+        check::<f32>(kv_heads, group, hd);
+        check::<half::f16>(kv_heads, group, hd);
+        check::<half::bf16>(kv_heads, group, hd);
+    }
+}
+
+/// The eight-lane `exp` gives, lane by lane, the scalar `exp`'s bits.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn exp8_gives_the_bits_of_exp() {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        return;
+    }
+    let mut xs: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        -87.0,
+        -87.000_01,
+        -86.999_99,
+        88.0,
+        100.0,
+        -1e30,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+    ];
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..100_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        xs.push(-100.0 * (seed >> 40) as f32 / (1u64 << 24) as f32 + 1.0);
+    }
+    xs.resize(xs.len().next_multiple_of(8), 0.0);
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn lanes(x: &[f32]) -> [f32; 8] {
+        use std::arch::x86_64::*;
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), x86::exp8(_mm256_loadu_ps(x.as_ptr())));
+        out
+    }
+    for chunk in xs.chunks(8) {
+        // SAFETY: AVX2 and FMA were detected above; the chunk holds 8 values.
+        let got = unsafe { lanes(chunk) };
+        for (x, e) in chunk.iter().zip(got) {
+            assert_eq!(e.to_bits(), exp(*x).to_bits(), "exp({x})");
+        }
+    }
+}

@@ -25,6 +25,42 @@ unsafe fn load8<E: KvElem>(row: &[E], d: usize) -> __m256 {
     }
 }
 
+/// Dimensions `d0..d0 + 8` of keys `j0..j0 + 8`, transposed: vector `i` holds dimension
+/// `d0 + i` of the eight keys, exact copies of the widened values.
+///
+/// # Safety
+/// AVX2 and F16C are enabled in the caller; `d0 + 8 <= rows[j].len()` for those keys.
+#[inline(always)]
+unsafe fn transpose8<E: KvElem>(rows: &[&[E]; BLOCK], j0: usize, d0: usize) -> [__m256; 8] {
+    let r: [__m256; 8] = std::array::from_fn(|i| load8(rows[j0 + i], d0));
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
 /// `kt[d * 16 + j] = rows[j][d]` for the 16 keys and `hd` (a multiple of 8) dimensions.
 ///
 /// # Safety
@@ -36,36 +72,199 @@ pub(super) unsafe fn transpose_block<E: KvElem>(rows: &[&[E]; BLOCK], hd: usize,
     let out = kt.as_mut_ptr();
     for j0 in [0, 8] {
         for d0 in (0..hd).step_by(8) {
-            let r: [__m256; 8] = std::array::from_fn(|i| load8(rows[j0 + i], d0));
-            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-            let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-            let cols = [
-                _mm256_permute2f128_ps::<0x20>(s0, s4),
-                _mm256_permute2f128_ps::<0x20>(s1, s5),
-                _mm256_permute2f128_ps::<0x20>(s2, s6),
-                _mm256_permute2f128_ps::<0x20>(s3, s7),
-                _mm256_permute2f128_ps::<0x31>(s0, s4),
-                _mm256_permute2f128_ps::<0x31>(s1, s5),
-                _mm256_permute2f128_ps::<0x31>(s2, s6),
-                _mm256_permute2f128_ps::<0x31>(s3, s7),
-            ];
-            for (i, c) in cols.into_iter().enumerate() {
+            for (i, c) in transpose8(rows, j0, d0).into_iter().enumerate() {
                 _mm256_storeu_ps(out.add((d0 + i) * BLOCK + j0), c);
             }
+        }
+    }
+}
+
+/// The portable `scores` of `R` query heads against the block's 16 keys, without the
+/// transposed tile: each 8 × 8 piece of the block is transposed in registers and used at
+/// once (a decode step's query heads go through a block once, so storing the tile and
+/// reading it back is all overhead). The same operations: per key, one fused
+/// multiply-add chain in dimension order from zero, then × `scale`.
+///
+/// # Safety
+/// AVX2, FMA and F16C are enabled in the caller; every row holds `hd` (a multiple of 8)
+/// values and every query `hd`.
+#[inline(always)]
+pub(super) unsafe fn scores_fused<E: KvElem, const R: usize>(
+    rows: &[&[E]; BLOCK],
+    hd: usize,
+    qs: &[&[f32]; R],
+    scale: f32,
+) -> [[f32; BLOCK]; R] {
+    debug_assert!(qs.iter().all(|q| q.len() >= hd));
+    let mut out = [[0f32; BLOCK]; R];
+    for j0 in [0, 8] {
+        let mut s = [_mm256_setzero_ps(); R];
+        for d0 in (0..hd).step_by(8) {
+            let cols = transpose8(rows, j0, d0);
+            for (i, col) in cols.iter().enumerate() {
+                for r in 0..R {
+                    let x = _mm256_set1_ps(*qs[r].get_unchecked(d0 + i));
+                    s[r] = _mm256_fmadd_ps(x, *col, s[r]);
+                }
+            }
+        }
+        let scale = _mm256_set1_ps(scale);
+        for r in 0..R {
+            _mm256_storeu_ps(out[r].as_mut_ptr().add(j0), _mm256_mul_ps(s[r], scale));
+        }
+    }
+    out
+}
+
+/// [`scores_fused`] for the first `take` (1 to `G`, at most 4) of `qs`, laid out as the
+/// portable `scores` returns them (the rows past `take` are zero and unused).
+///
+/// # Safety
+/// As [`scores_fused`].
+#[inline(always)]
+pub(super) unsafe fn scores_fused_group<E: KvElem, const G: usize>(
+    rows: &[&[E]; BLOCK],
+    hd: usize,
+    qs: &[&[f32]; G],
+    take: usize,
+    scale: f32,
+) -> [[f32; BLOCK]; G] {
+    debug_assert!((1..=G.min(4)).contains(&take));
+    let mut out = [[0f32; BLOCK]; G];
+    match take {
+        1 => out[..1].copy_from_slice(&scores_fused(rows, hd, &[qs[0]], scale)),
+        2 => out[..2].copy_from_slice(&scores_fused(rows, hd, &[qs[0], qs[1]], scale)),
+        3 => out[..3].copy_from_slice(&scores_fused(rows, hd, &[qs[0], qs[1], qs[2]], scale)),
+        _ => out[..4].copy_from_slice(&scores_fused(
+            rows,
+            hd,
+            &[qs[0], qs[1], qs[2], qs[3]],
+            scale,
+        )),
+    }
+    out
+}
+
+/// The kernel's `exp` on eight lanes: the same operations in the same order (a clamp, fused
+/// multiply-adds, the exponent built from the rounded `t`, zero below −87), so each lane
+/// holds the bits the scalar `exp` gives for it, NaN included.
+///
+/// # Safety
+/// AVX2 and FMA are enabled in the caller.
+#[inline(always)]
+pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+    const MAGIC: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let set = _mm256_set1_ps;
+    // `x.clamp(-87, 88)`: `maxps`/`minps` return their second operand when one is NaN, so
+    // a NaN passes through, as it does the scalar clamp.
+    let xc = _mm256_min_ps(set(88.0), _mm256_max_ps(set(-87.0), x));
+    let t = _mm256_fmadd_ps(xc, set(std::f32::consts::LOG2_E), set(MAGIC));
+    let n = _mm256_sub_ps(t, set(MAGIC));
+    let r = _mm256_fmadd_ps(n, set(-LN2_HI), xc);
+    let r = _mm256_fmadd_ps(n, set(-LN2_LO), r);
+    let mut p = set(1.0 / 5040.0);
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = _mm256_fmadd_ps(p, r, set(c));
+    }
+    let k = _mm256_sub_epi32(
+        _mm256_castps_si256(t),
+        _mm256_set1_epi32(MAGIC.to_bits() as i32),
+    );
+    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(k, _mm256_set1_epi32(127)));
+    let below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.0));
+    _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)))
+}
+
+/// The largest of the 16 lanes of `a` and `b` (exact: a maximum is the same whatever the
+/// order it is taken in).
+#[inline(always)]
+unsafe fn max16(a: __m256, b: __m256) -> f32 {
+    let m = _mm256_max_ps(a, b);
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m));
+    _mm_cvtss_f32(m)
+}
+
+/// One query head's online-softmax state (the portable kernel's `State`, by field).
+#[derive(Clone, Copy)]
+pub(super) struct Softmax {
+    pub m: f32,
+    pub l: f32,
+}
+
+/// A whole key block (all 16 keys seen by every one of the `R` query heads) folded into
+/// those query heads of one KV head, in registers: the portable `scores` and then `fold`
+/// for each head, operation for operation (the block's maximum, the rescale by
+/// `exp(m − m')` when it grows, `p = exp(s − m')`, the sum `l += p[j]` in key order, and
+/// `acc = fma(p[j], v[j], acc)` in key order). The value rows are widened once for all `R`
+/// heads, and no tile or widened block is stored.
+///
+/// # Safety
+/// AVX2, FMA and F16C are enabled in the caller; every key and value row and every query
+/// holds `hd` (a multiple of 8) values; every `acc[r]` holds `hd`.
+#[inline(always)]
+pub(super) unsafe fn block_fused<E: KvElem, const R: usize>(
+    krows: &[&[E]; BLOCK],
+    vrows: &[&[E]; BLOCK],
+    hd: usize,
+    qs: &[&[f32]; R],
+    scale: f32,
+    st: &mut [Softmax; R],
+    acc: [*mut f32; R],
+) {
+    let s = scores_fused(krows, hd, qs, scale);
+    let mut p = [[0f32; BLOCK]; R];
+    let mut c = [1f32; R];
+    let mut rescale = [false; R];
+    for r in 0..R {
+        let (s0, s1) = (
+            _mm256_loadu_ps(s[r].as_ptr()),
+            _mm256_loadu_ps(s[r].as_ptr().add(8)),
+        );
+        // `st.m.max(bm)`: `f32::max` returns the other operand when one is NaN.
+        let bm = max16(s0, s1);
+        let m_new = st[r].m.max(bm);
+        if m_new != st[r].m {
+            c[r] = _mm256_cvtss_f32(exp8(_mm256_set1_ps(st[r].m - m_new)));
+            st[r].l *= c[r];
+            rescale[r] = true;
+            st[r].m = m_new;
+        }
+        let m = _mm256_set1_ps(st[r].m);
+        _mm256_storeu_ps(p[r].as_mut_ptr(), exp8(_mm256_sub_ps(s0, m)));
+        _mm256_storeu_ps(p[r].as_mut_ptr().add(8), exp8(_mm256_sub_ps(s1, m)));
+        for &pj in &p[r] {
+            st[r].l += pj;
+        }
+    }
+    for d0 in (0..hd).step_by(8) {
+        let mut a: [__m256; R] = std::array::from_fn(|r| {
+            let a = _mm256_loadu_ps(acc[r].add(d0));
+            if rescale[r] {
+                _mm256_mul_ps(a, _mm256_set1_ps(c[r]))
+            } else {
+                a
+            }
+        });
+        for (j, v) in vrows.iter().enumerate() {
+            let v = load8(v, d0);
+            for r in 0..R {
+                a[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), v, a[r]);
+            }
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(acc[r].add(d0), a[r]);
         }
     }
 }
