@@ -173,7 +173,11 @@ fn a_closing_store_releases_its_lock_only_after_every_file_is_closed() {
     drop(store);
 
     let log = log.lock().unwrap().clone();
-    assert_eq!(log.last().map(String::as_str), Some("lock released"), "{log:#?}");
+    assert_eq!(
+        log.last().map(String::as_str),
+        Some("lock released"),
+        "{log:#?}"
+    );
     assert!(
         log.iter().any(|e| e == "closed manifest.redb"),
         "the manifest was closed before the lock went: {log:#?}"
