@@ -198,21 +198,23 @@ fn spans_split_over_threads_give_the_unsplit_bits() {
     }
 }
 
+/// K and V rows of any element type, `row` values each, back to back (one run).
+struct Typed<E>(Vec<E>, Vec<E>, usize);
+impl<E: KvElem> RowSource for Typed<E> {
+    type Elem = E;
+    fn k_row(&self, pos: usize) -> &[E] {
+        &self.0[pos * self.2..(pos + 1) * self.2]
+    }
+    fn v_row(&self, pos: usize) -> &[E] {
+        &self.1[pos * self.2..(pos + 1) * self.2]
+    }
+    fn run(&self, start: usize) -> Option<(&[E], &[E])> {
+        Some((&self.0[start * self.2..], &self.1[start * self.2..]))
+    }
+}
+
 #[test]
 fn sixteen_bit_rows_give_the_bits_of_f32_rows_holding_their_values() {
-    struct Typed<E>(Vec<E>, Vec<E>, usize);
-    impl<E: KvElem> RowSource for Typed<E> {
-        type Elem = E;
-        fn k_row(&self, pos: usize) -> &[E] {
-            &self.0[pos * self.2..(pos + 1) * self.2]
-        }
-        fn v_row(&self, pos: usize) -> &[E] {
-            &self.1[pos * self.2..(pos + 1) * self.2]
-        }
-        fn run(&self, start: usize) -> Option<(&[E], &[E])> {
-            Some((&self.0[start * self.2..], &self.1[start * self.2..]))
-        }
-    }
     fn check<E: KvElem>() {
         let (kv_heads, hd, n) = (3, 64, 600);
         let row = kv_heads * hd;
@@ -271,19 +273,6 @@ fn dot_handles_tails() {
 /// kernel's bits, at every element type, head size, group size and thread count.
 #[test]
 fn decode_steps_give_the_portable_bits_on_this_cpu() {
-    struct Typed<E>(Vec<E>, Vec<E>, usize);
-    impl<E: KvElem> RowSource for Typed<E> {
-        type Elem = E;
-        fn k_row(&self, pos: usize) -> &[E] {
-            &self.0[pos * self.2..(pos + 1) * self.2]
-        }
-        fn v_row(&self, pos: usize) -> &[E] {
-            &self.1[pos * self.2..(pos + 1) * self.2]
-        }
-        fn run(&self, start: usize) -> Option<(&[E], &[E])> {
-            Some((&self.0[start * self.2..], &self.1[start * self.2..]))
-        }
-    }
     fn check<E: KvElem>(kv_heads: usize, group: usize, hd: usize) {
         let n = 2 * ATTN_SPAN + 45;
         let row = kv_heads * hd;
