@@ -1,0 +1,150 @@
+//! The arithmetic of one query head over one key block (see the parent module's docs): the
+//! online-softmax state, its fold and merge, and the portable score and value loops. The
+//! x86 paths perform these same operations in this same order.
+
+/// Keys are reduced in blocks of this many positions, aligned to absolute positions.
+pub const ATTN_BLOCK: usize = 16;
+/// Query heads whose scores are computed in one pass over the key tile.
+pub(super) const GROUP: usize = 4;
+
+/// `e^x` for the softmax (`x ≤ 0`): Cody–Waite reduction to `r ∈ [−ln2/2, ln2/2]`, a degree-7
+/// Taylor polynomial (relative error below 2·10⁻⁷), scaled by `2ⁿ`; 0 below −87.
+/// Fused multiply-adds and plain IEEE operations only, so every build gives the same bits.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let xc = x.clamp(-87.0, 88.0);
+    let t = xc.mul_add(std::f32::consts::LOG2_E, MAGIC);
+    let n = t - MAGIC;
+    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p: f32 = 1.0 / 5040.0;
+    p = p.mul_add(r, 1.0 / 720.0);
+    p = p.mul_add(r, 1.0 / 120.0);
+    p = p.mul_add(r, 1.0 / 24.0);
+    p = p.mul_add(r, 1.0 / 6.0);
+    p = p.mul_add(r, 0.5);
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
+    let k = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let scale = f32::from_bits(((k + 127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// The online-softmax state of one query head.
+#[derive(Clone, Copy)]
+pub(super) struct State {
+    pub(super) m: f32,
+    pub(super) l: f32,
+}
+
+/// Merges span state `b` (the next span) into `a`: the one formula both the in-item fold
+/// and the split call use, so they give the same bits.
+#[inline(always)]
+pub(super) fn merge(a: &mut State, acc: &mut [f32], b: State, b_acc: &[f32]) {
+    let m = a.m.max(b.m);
+    let (ca, cb) = (exp(a.m - m), exp(b.m - m));
+    a.l = b.l.mul_add(cb, a.l * ca);
+    for (x, &y) in acc.iter_mut().zip(b_acc) {
+        *x = y.mul_add(cb, *x * ca);
+    }
+    a.m = m;
+}
+
+/// `out = acc × (1 / l)`.
+#[inline(always)]
+pub(super) fn finish(st: State, acc: &[f32], out: &mut [f32]) {
+    let inv = 1.0 / st.l;
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a * inv;
+    }
+}
+
+/// The scores of [`GROUP`] query heads against a transposed key tile (`[head_dim][16]`):
+/// for each key, one fused multiply-add chain in dimension order, then × `scale`.
+#[inline(always)]
+pub(super) fn scores(qs: &[&[f32]; GROUP], kt: &[f32], scale: f32) -> [[f32; ATTN_BLOCK]; GROUP] {
+    let mut s = [[0f32; ATTN_BLOCK]; GROUP];
+    for (d, k) in kt.chunks_exact(ATTN_BLOCK).enumerate() {
+        for r in 0..GROUP {
+            let x = qs[r][d];
+            for j in 0..ATTN_BLOCK {
+                s[r][j] = x.mul_add(k[j], s[r][j]);
+            }
+        }
+    }
+    for row in s.iter_mut() {
+        for x in row.iter_mut() {
+            *x *= scale;
+        }
+    }
+    s
+}
+
+/// Folds the first `n` keys of a block (scores `s`, values `v`) into one query head's state.
+#[inline(always)]
+pub(super) fn fold(st: &mut State, acc: &mut [f32], s: &[f32; ATTN_BLOCK], n: usize, v: &[&[f32]]) {
+    let bm = s[..n].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let m_new = st.m.max(bm);
+    if m_new != st.m {
+        let c = exp(st.m - m_new);
+        st.l *= c;
+        for a in acc.iter_mut() {
+            *a *= c;
+        }
+        st.m = m_new;
+    }
+    let mut p = [0f32; ATTN_BLOCK];
+    for j in 0..ATTN_BLOCK {
+        p[j] = exp(s[j] - st.m);
+    }
+    for &pj in &p[..n] {
+        st.l += pj;
+    }
+    // The same fused multiply-adds, in the same order for each element, whatever the width:
+    // a known width keeps the accumulator in registers across the block's keys.
+    match acc.len() {
+        64 => accumulate::<8>(acc, &p, n, v),
+        128 => accumulate::<16>(acc, &p, n, v),
+        _ => {
+            for j in 0..n {
+                for (a, &x) in acc.iter_mut().zip(v[j]) {
+                    *a = p[j].mul_add(x, *a);
+                }
+            }
+        }
+    }
+}
+
+/// `acc += Σ_j p[j] · v[j]` over the first `n` keys, in key order, for an accumulator of
+/// `C` eight-lane chunks held in locals (registers) for the whole block.
+#[inline(always)]
+pub(super) fn accumulate<const C: usize>(
+    acc: &mut [f32],
+    p: &[f32; ATTN_BLOCK],
+    n: usize,
+    v: &[&[f32]],
+) {
+    let mut a = [[0f32; 8]; C];
+    for (c, chunk) in a.iter_mut().enumerate() {
+        chunk.copy_from_slice(&acc[c * 8..c * 8 + 8]);
+    }
+    for j in 0..n {
+        let (pj, vj) = (p[j], &v[j][..C * 8]);
+        for (c, chunk) in a.iter_mut().enumerate() {
+            let x = &vj[c * 8..c * 8 + 8];
+            for l in 0..8 {
+                chunk[l] = pj.mul_add(x[l], chunk[l]);
+            }
+        }
+    }
+    for (c, chunk) in a.iter().enumerate() {
+        acc[c * 8..c * 8 + 8].copy_from_slice(chunk);
+    }
+}
