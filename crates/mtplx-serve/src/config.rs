@@ -129,8 +129,9 @@ pub fn parse_depth(s: &str) -> Result<usize, String> {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "mtplx-serve", version)]
 pub struct Config {
-    /// A GGUF file or a Hugging Face model folder [default: SmolLM2-135M-Instruct from the
-    /// model store, fetched on first use].
+    /// A GGUF file, a Hugging Face model folder, or the id of a model the store fetches on
+    /// first use (`SmolLM2-135M-Instruct`, `Qwen2.5-Coder-0.5B-Instruct-Q4_K_M`) [default:
+    /// SmolLM2-135M-Instruct].
     #[arg(long, env = "MTPLX_MODEL")]
     pub model: Option<PathBuf>,
     #[arg(long, env = "MTPLX_HOST", default_value = "127.0.0.1")]

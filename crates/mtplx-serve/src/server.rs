@@ -2,12 +2,12 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
+use mtplx_model::store::{self, KnownModel, ModelStore, DEFAULT_MODEL};
 use mtplx_model::{Bundle, ModelError};
 use tokio::net::TcpListener;
 
@@ -35,14 +35,35 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
     move |source| ServeError::Io { what, source }
 }
 
-/// The model file to serve: `--model`, else the store's default (fetched if missing, with
-/// progress on stderr).
-pub async fn model_path(config: &Config) -> Result<PathBuf, ServeError> {
-    if let Some(p) = &config.model {
-        return Ok(p.clone());
+/// What `--model` names: a file or folder, or a model the store knows.
+#[derive(Debug, PartialEq)]
+enum ModelArg<'a> {
+    Path(&'a Path),
+    Known(&'static KnownModel),
+}
+
+/// A path that exists is a path; otherwise a known model's id names it; otherwise it is a
+/// path (whose load then says it is missing). No `--model`: the default model.
+fn model_arg(model: Option<&Path>) -> ModelArg<'_> {
+    match model {
+        None => ModelArg::Known(&DEFAULT_MODEL),
+        Some(p) if p.exists() => ModelArg::Path(p),
+        Some(p) => match p.to_str().and_then(store::known) {
+            Some(m) => ModelArg::Known(m),
+            None => ModelArg::Path(p),
+        },
     }
-    let path = tokio::task::spawn_blocking(|| {
-        ModelStore::from_env().ensure(&DEFAULT_MODEL, &mut |line| eprintln!("{line}"))
+}
+
+/// The model file to serve: `--model`'s path, else the store's copy of the known model it
+/// names (or of the default), fetched if missing, with progress on stderr.
+pub async fn model_path(config: &Config) -> Result<PathBuf, ServeError> {
+    let known = match model_arg(config.model.as_deref()) {
+        ModelArg::Path(p) => return Ok(p.to_path_buf()),
+        ModelArg::Known(m) => m,
+    };
+    let path = tokio::task::spawn_blocking(move || {
+        ModelStore::from_env().ensure(known, &mut |line| eprintln!("{line}"))
     })
     .await
     .map_err(|e| ServeError::Config(format!("model fetch panicked: {e}")))??;
@@ -187,5 +208,27 @@ pub async fn run(
                 tracing::debug!(%peer, "connection: {e}");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_a_path_that_exists_else_a_known_model_else_a_path() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file named like a known model's id is still that file.
+        let file = dir.path().join("SmolLM2-135M-Instruct");
+        std::fs::write(&file, b"x").unwrap();
+        assert_eq!(model_arg(Some(&file)), ModelArg::Path(&file));
+        assert_eq!(model_arg(None), ModelArg::Known(&DEFAULT_MODEL));
+        let id = Path::new("qwen2.5-coder-0.5b-instruct-q4_k_m");
+        assert_eq!(
+            model_arg(Some(id)),
+            ModelArg::Known(&store::QWEN_CODER_05B_Q4_K_M)
+        );
+        let missing = dir.path().join("missing.gguf");
+        assert_eq!(model_arg(Some(&missing)), ModelArg::Path(&missing));
     }
 }
