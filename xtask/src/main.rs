@@ -4,7 +4,8 @@
 //! - `test`: fetch the model, then run the whole test suite (what CI runs).
 //! - `bench`: run the criterion benches and print the figures side by side, then the peer
 //!   step (`peer.rs`): llama.cpp's llama-bench on the same file and threads. `peer` runs
-//!   the peer step alone.
+//!   the peer step alone; `peer --server` compares the two servers through one client
+//!   (`peer_server.rs`).
 //! - `cold-bench`: the SSD tier's restore, write and overhead figures (`cold_bench.rs`).
 //! - `train-mtp`: train the default model's MTP head (`train_mtp/`).
 //! - `mtp-corpus`: the tokenized corpus of the GPU recipe for the MTP head (`mtp_corpus.rs`).
@@ -15,12 +16,14 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use run::{cargo, fetch_model};
+use mtplx_model::store::QWEN_CODER_05B_Q4_K_M;
+use run::{cargo, fetch_known, fetch_model};
 
 mod cold_bench;
 mod make_hybrid;
 mod mtp_corpus;
 mod peer;
+mod peer_server;
 mod run;
 mod tidy;
 mod train_mtp;
@@ -70,6 +73,13 @@ fn main() -> Result<()> {
         Task::MtpCorpus(args) => {
             let b = mtplx_model::Bundle::load(&fetch_model()?, mtplx_model::WeightFormat::Native)?;
             mtp_corpus::run(&b, &args)?
+        }
+        Task::Peer(args) if args.server => {
+            let files = match &args.model {
+                Some(m) => vec![m.clone()],
+                None => vec![fetch_model()?, fetch_known(&QWEN_CODER_05B_Q4_K_M)?],
+            };
+            peer_server::run(&args, &files)?
         }
         Task::Peer(args) => match (&args.model, std::env::var_os("MTPLX_TEST_MODEL")) {
             (Some(m), _) => peer::run(m, &args)?,

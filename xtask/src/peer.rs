@@ -42,6 +42,19 @@ pub struct PeerArgs {
     /// The GGUF file both engines run [default: the default model, fetched].
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Also decode `--gen` tokens at each of these context depths (tokens prefilled first,
+    /// in one growing cache): the engine's own decode at a context, what `--server` sets to
+    /// the servers' prompt lengths to compare the server with its engine.
+    #[arg(long, value_delimiter = ',')]
+    pub depths: Vec<usize>,
+    /// Measure through the servers instead: mtplx-serve against llama.cpp's llama-server,
+    /// one client, on the default file and the Qwen2.5-Coder Q4_K_M file (or `--model`);
+    /// printed and written to docs/bench/peer-server.md (`peer_server.rs`).
+    #[arg(long)]
+    pub server: bool,
+    /// Prompt lengths of the server comparison, in tokens (about).
+    #[arg(long, value_delimiter = ',', default_values_t = [500, 2000, 4000, 6500])]
+    pub contexts: Vec<usize>,
     /// Measure mtplx only and print one JSON line (what the peer step runs in release).
     #[arg(long, hide = true)]
     pub mtplx_only: bool,
@@ -55,6 +68,9 @@ impl Default for PeerArgs {
             gen: 128,
             reps: 3,
             model: None,
+            depths: Vec::new(),
+            server: false,
+            contexts: vec![500, 2000, 4000, 6500],
             mtplx_only: false,
         }
     }
@@ -62,10 +78,10 @@ impl Default for PeerArgs {
 
 /// Tokens per second of each test, keyed like llama-bench's (`pp512`, `tg128`).
 #[derive(Debug, Default)]
-struct Figures(Vec<(String, f64)>);
+pub(crate) struct Figures(Vec<(String, f64)>);
 
 impl Figures {
-    fn get(&self, test: &str) -> Option<f64> {
+    pub(crate) fn get(&self, test: &str) -> Option<f64> {
         self.0.iter().find(|(t, _)| t == test).map(|(_, v)| *v)
     }
 }
@@ -84,7 +100,7 @@ pub fn run(model: &Path, args: &PeerArgs) -> Result<()> {
         println!("{}", serde_json::Value::Object(obj));
         return Ok(());
     }
-    let bench = ensure_llama_bench()?;
+    let bench = ensure_llama("llama-bench")?;
     let bandwidth = measure_bandwidth(args.threads);
     eprintln!(
         "[peer] memory bandwidth ({} threads): {bandwidth:.1} GB/s",
@@ -131,14 +147,14 @@ pub fn run(model: &Path, args: &PeerArgs) -> Result<()> {
     Ok(())
 }
 
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
 }
 
-fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
+pub(crate) fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
     let status = cmd.status().with_context(|| format!("running {what}"))?;
     if !status.success() {
         bail!("{what} failed: {status}");
@@ -146,10 +162,18 @@ fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// `target/peer/build/bin/llama-bench`, fetched and built on first use.
-fn ensure_llama_bench() -> Result<PathBuf> {
-    let dir = workspace_root().join("target/peer");
-    let bin = dir.join("build/bin/llama-bench");
+/// Where llama.cpp is fetched and built: `$MTPLX_PEER_DIR`, else `target/peer/`.
+fn peer_dir() -> PathBuf {
+    std::env::var_os("MTPLX_PEER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/peer"))
+}
+
+/// `build/bin/<target>` (`llama-bench`, `llama-server`) under [`peer_dir`], fetched and
+/// built on first use.
+pub(crate) fn ensure_llama(target: &str) -> Result<PathBuf> {
+    let dir = peer_dir();
+    let bin = dir.join("build/bin").join(target);
     if bin.exists() {
         return Ok(bin);
     }
@@ -178,7 +202,7 @@ fn ensure_llama_bench() -> Result<PathBuf> {
             "unpacking the sdist",
         )?;
     }
-    eprintln!("[peer] building llama-bench (cmake, Release; several minutes on 2 cores)");
+    eprintln!("[peer] building {target} (cmake, Release; several minutes on 2 cores)");
     run_cmd(
         Command::new("cmake")
             .arg("-S")
@@ -199,7 +223,7 @@ fn ensure_llama_bench() -> Result<PathBuf> {
         Command::new("cmake")
             .arg("--build")
             .arg(dir.join("build"))
-            .args(["--config", "Release", "--target", "llama-bench", "-j"])
+            .args(["--config", "Release", "--target", target, "-j"])
             .arg(jobs.to_string()),
         "cmake build",
     )?;
@@ -262,7 +286,7 @@ fn parse_csv(text: &str) -> Result<Figures> {
 }
 
 /// Runs this binary in release with `--mtplx-only` and reads its JSON line.
-fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
+pub(crate) fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let prompts: Vec<String> = args.prompts.iter().map(usize::to_string).collect();
     let out = Command::new(cargo)
@@ -272,6 +296,7 @@ fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
         .args(["--prompts", &prompts.join(",")])
         .args(["--gen", &args.gen.to_string()])
         .args(["--reps", &args.reps.to_string()])
+        .args(depths(&args.depths))
         .env("MTPLX_TEST_MODEL", model)
         .env("MTPLX_THREADS", args.threads.to_string())
         .stderr(std::process::Stdio::inherit())
@@ -294,6 +319,15 @@ fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
         }
     }
     Ok((figures, weight_bytes))
+}
+
+/// `--depths a,b` when there are any.
+fn depths(d: &[usize]) -> Vec<String> {
+    if d.is_empty() {
+        return Vec::new();
+    }
+    let list: Vec<String> = d.iter().map(usize::to_string).collect();
+    vec!["--depths".into(), list.join(",")]
 }
 
 /// A deterministic token stream that looks like text to the model.
@@ -339,6 +373,29 @@ fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)>
     })?;
     eprintln!("[peer] mtplx tg{n}: {tps:.1} tok/s");
     figures.0.push((format!("tg{n}"), tps));
+    // Decode at depth: one cache grows through the depths in order (the prefill of each
+    // step is the warm-up of its decode).
+    let mut sorted = args.depths.clone();
+    sorted.sort_unstable();
+    let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
+    let mut out = ForwardOutput::default();
+    let mut len = 0usize;
+    for d in sorted {
+        if d > len {
+            prefill(&model, &tokens(d - len), &mut cache, 512)?;
+            len = d;
+        }
+        let t = Instant::now();
+        let mut tok = 1u32;
+        for _ in 0..n {
+            model.forward_into(&[tok], &mut cache, Want::Last, &mut out)?;
+            tok = mtplx_model::sampling::argmax(out.last_logits());
+        }
+        len += n;
+        let tps = n as f64 / t.elapsed().as_secs_f64();
+        eprintln!("[peer] mtplx tg{n}@{d}: {tps:.1} tok/s");
+        figures.0.push((format!("tg{n}@{d}"), tps));
+    }
     Ok((figures, model.weight_bytes()))
 }
 

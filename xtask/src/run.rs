@@ -1,16 +1,20 @@
-//! Running cargo and fetching the default model: what several tasks need.
+//! Running cargo and fetching models from the store: what several tasks need.
 
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use mtplx_model::store::{ModelStore, DEFAULT_MODEL};
+use mtplx_model::store::{KnownModel, ModelStore, DEFAULT_MODEL};
 
 /// Fetches and verifies the default model into the store; returns its path.
 pub fn fetch_model() -> Result<std::path::PathBuf> {
-    let store = ModelStore::from_env();
-    let path = store
-        .ensure(&DEFAULT_MODEL, &mut |line| eprintln!("[model] {line}"))
-        .context("fetching the default model")?;
+    fetch_known(&DEFAULT_MODEL)
+}
+
+/// Fetches and verifies a known model into the store; returns its path.
+pub fn fetch_known(model: &KnownModel) -> Result<std::path::PathBuf> {
+    let path = ModelStore::from_env()
+        .ensure(model, &mut |line| eprintln!("[model] {line}"))
+        .with_context(|| format!("fetching {}", model.id))?;
     eprintln!("[model] {} verified", path.display());
     Ok(path)
 }

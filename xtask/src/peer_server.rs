@@ -1,0 +1,287 @@
+//! `cargo xtask peer --server`: mtplx's server against llama.cpp's `llama-server`, through one
+//! client, on the files users run, side by side in one run.
+//!
+//! - Both servers are release builds: `mtplx-serve` from this workspace, `llama-server` from
+//!   the same `llama-cpp-python` sdist as the peer step (`peer.rs`).
+//! - The client is `tools/bench/peer_server.py` (the `openai` SDK, streaming chat
+//!   completions, temperature 0, a fresh prompt every round, medians of `--reps` rounds); it
+//!   runs one server at a time with `--threads` threads and an 8,192-token window.
+//! - The files: the default model and the Qwen2.5-Coder-0.5B-Instruct Q4_K_M file, both from
+//!   the model store, or `--model` alone.
+//! - mtplx's engine is measured in the same run at the prompt lengths the server reported
+//!   (decode after prefilling that many tokens, in process, the same threads), so the table
+//!   also says how much of its engine's speed the server keeps.
+//! - The table is printed and written to `docs/bench/peer-server.md`, the raw JSON of every
+//!   round to `docs/bench/raw/peer-server.json`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::peer::{ensure_llama, mtplx_in_release, run_cmd, workspace_root, PeerArgs};
+
+/// One context length of one file: the medians the client measured and the engine's decode.
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    context: usize,
+    prompt_tokens: usize,
+    ttft_mtplx: f64,
+    ttft_llama: f64,
+    decode_mtplx: f64,
+    decode_llama: f64,
+    /// mtplx's engine in process: decode tok/s after `prompt_tokens` of context.
+    decode_engine: Option<f64>,
+}
+
+impl Row {
+    /// Prefill tok/s from the time to the first token.
+    fn prefill(&self, ttft: f64) -> f64 {
+        self.prompt_tokens as f64 / ttft.max(1e-9)
+    }
+}
+
+/// Runs the comparison on `files`: both servers, then the engine, per file.
+pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
+    let llama = ensure_llama("llama-server")?;
+    let serve = build_serve()?;
+    ensure_openai()?;
+    let script = workspace_root().join("tools/bench/peer_server.py");
+    let mut sections = Vec::new();
+    let mut raw = Vec::new();
+    for file in files {
+        let stem = file
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+        let work = workspace_root().join("target/peer-server").join(&stem);
+        std::fs::create_dir_all(&work)?;
+        eprintln!("[peer-server] {}: both servers, one client", file.display());
+        let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
+        run_cmd(
+            Command::new("python3")
+                .arg(&script)
+                .arg(&serve)
+                .arg(&llama)
+                .arg(file)
+                .args(["--threads", &args.threads.to_string()])
+                .args(["--contexts", &contexts.join(",")])
+                .args(["--rounds", &args.reps.to_string()])
+                .args(["--gen", &args.gen.to_string()])
+                .arg("--work")
+                .arg(&work),
+            "the server comparison (tools/bench/peer_server.py)",
+        )?;
+        let json_path = work.join("peer_server.json");
+        let measured: Value = serde_json::from_str(
+            &std::fs::read_to_string(&json_path)
+                .with_context(|| format!("reading {}", json_path.display()))?,
+        )?;
+        let mut rows = rows_of(&measured)?;
+        eprintln!("[peer-server] {}: the engine at the same contexts", stem);
+        let engine_args = PeerArgs {
+            prompts: vec![512],
+            reps: 1,
+            depths: rows.iter().map(|r| r.prompt_tokens).collect(),
+            ..args.clone()
+        };
+        let (engine, weight_bytes) = mtplx_in_release(file, &engine_args)?;
+        for r in &mut rows {
+            r.decode_engine = engine.get(&format!("tg{}@{}", args.gen, r.prompt_tokens));
+        }
+        let name = file
+            .file_name()
+            .map_or(stem.clone(), |s| s.to_string_lossy().into_owned());
+        let table = table(&rows);
+        println!(
+            "\n{name}, {} threads, medians of {} rounds\n{table}",
+            args.threads, args.reps
+        );
+        sections.push(format!(
+            "## {name}\n\n{:.1} MB of weights per token in mtplx; its engine alone: pp512 \
+             {} tok/s, tg{} at an empty context {} tok/s.\n\n{table}",
+            weight_bytes as f64 / 1e6,
+            engine
+                .get("pp512")
+                .map_or("-".into(), |v| format!("{v:.1}")),
+            args.gen,
+            engine
+                .get(&format!("tg{}", args.gen))
+                .map_or("-".into(), |v| format!("{v:.1}")),
+        ));
+        raw.push(json!({"file": name, "measured": measured,
+                        "engine": engine_args.depths.iter().zip(&rows)
+                            .map(|(d, r)| json!({"depth": d, "decode": r.decode_engine}))
+                            .collect::<Vec<_>>()}));
+    }
+    let docs = workspace_root().join("docs/bench");
+    std::fs::create_dir_all(docs.join("raw"))?;
+    std::fs::write(docs.join("peer-server.md"), report(args, &sections))?;
+    std::fs::write(
+        docs.join("raw/peer-server.json"),
+        serde_json::to_string_pretty(&Value::Array(raw))?,
+    )?;
+    eprintln!("[peer-server] written to docs/bench/peer-server.md and raw/peer-server.json");
+    Ok(())
+}
+
+/// The rows of the client's JSON (`table` of `peer_server.py`).
+fn rows_of(measured: &Value) -> Result<Vec<Row>> {
+    let table = measured["table"]
+        .as_array()
+        .context("the client's JSON has no table")?;
+    table
+        .iter()
+        .map(|t| {
+            let f = |k: &str| {
+                t[k].as_f64()
+                    .with_context(|| format!("the client's row has no `{k}`: {t}"))
+            };
+            Ok(Row {
+                context: f("context")? as usize,
+                prompt_tokens: f("prompt_tokens")? as usize,
+                ttft_mtplx: f("ttft_mtplx")?,
+                ttft_llama: f("ttft_llama")?,
+                decode_mtplx: f("decode_mtplx")?,
+                decode_llama: f("decode_llama")?,
+                decode_engine: None,
+            })
+        })
+        .collect()
+}
+
+/// The Markdown table: above 1, mtplx is faster; `server/engine` is the share of the
+/// engine's own decode that the server delivers.
+fn table(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| context | prompt tokens | prefill mtplx | prefill llama.cpp | ratio | decode mtplx \
+         | decode llama.cpp | ratio | mtplx engine decode | server / engine |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in rows {
+        let (pm, pl) = (r.prefill(r.ttft_mtplx), r.prefill(r.ttft_llama));
+        let engine = r.decode_engine.map_or(("-".into(), "-".into()), |e| {
+            (format!("{e:.1}"), format!("{:.2}", r.decode_mtplx / e))
+        });
+        s.push_str(&format!(
+            "| {} | {} | {pm:.1} tok/s ({:.2} s) | {pl:.1} tok/s ({:.2} s) | {:.2}x | {:.1} tok/s \
+             | {:.1} tok/s | {:.2}x | {} tok/s | {} |\n",
+            r.context,
+            r.prompt_tokens,
+            r.ttft_mtplx,
+            r.ttft_llama,
+            pm / pl,
+            r.decode_mtplx,
+            r.decode_llama,
+            r.decode_mtplx / r.decode_llama,
+            engine.0,
+            engine.1,
+        ));
+    }
+    s
+}
+
+fn report(args: &PeerArgs, sections: &[String]) -> String {
+    let out = |cmd: &mut Command| {
+        cmd.output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let date = out(Command::new("date").args(["-u", "+%F %H:%M UTC"]));
+    let commit = out(Command::new("git").args(["describe", "--always", "--dirty"]));
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
+    format!(
+        "# mtplx's server against llama.cpp's, one client\n\n\
+         Written by `cargo xtask peer --server --threads {} --contexts {} --reps {} --gen {}` \
+         on {date}, commit `{commit}`, {cpu} ({cores} cores). Both servers run alone, one \
+         after the other, with {} compute threads and an 8,192-token window; the client \
+         (`tools/bench/peer_server.py`, the `openai` SDK) streams `/v1/chat/completions` at \
+         temperature 0 with a fresh prompt every round (`cache_prompt: false` for \
+         llama.cpp, `generation_mode: \"ar\"` for mtplx). Prefill is prompt tokens over the \
+         time to the first token; decode is streamed tokens over the time after it; medians \
+         of the rounds. Ratios are mtplx / llama.cpp (above 1: mtplx is faster) and hold \
+         within this run only. The engine column is mtplx's model in process at the same \
+         context (no HTTP), so `server / engine` is the share of its speed the server \
+         keeps. Raw figures: `raw/peer-server.json`.\n\n{}",
+        args.threads,
+        contexts.join(","),
+        args.reps,
+        args.gen,
+        args.threads,
+        sections.join("\n"),
+    )
+}
+
+/// `mtplx-serve` built in release; its path.
+fn build_serve() -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run_cmd(
+        Command::new(cargo).args(["build", "--release", "--quiet", "-p", "mtplx-serve"]),
+        "building mtplx-serve in release",
+    )?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin = target.join("release/mtplx-serve");
+    if !bin.exists() {
+        bail!("the build finished but {} is missing", bin.display());
+    }
+    Ok(bin)
+}
+
+/// The client's one dependency, the `openai` SDK, installed for this user if missing.
+fn ensure_openai() -> Result<()> {
+    let has = |py: &Path| {
+        Command::new(py)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let py = Path::new("python3");
+    if !has(py) {
+        eprintln!("[peer-server] installing the openai SDK (pip install --user openai)");
+        run_cmd(
+            Command::new(py).args(["-m", "pip", "install", "--user", "openai"]),
+            "pip install openai",
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_reads_the_clients_medians_and_divides_the_right_way() {
+        let measured = json!({"table": [{"context": 500, "prompt_tokens": 520,
+            "ttft_mtplx": 1.0, "ttft_llama": 2.0, "decode_mtplx": 150.0,
+            "decode_llama": 100.0}]});
+        let mut rows = rows_of(&measured).unwrap();
+        assert_eq!(rows[0].prompt_tokens, 520);
+        rows[0].decode_engine = Some(200.0);
+        let t = table(&rows);
+        // Prefill 520 tok/s against 260: mtplx twice as fast; decode 1.5x; the server keeps
+        // 0.75 of its engine.
+        assert!(
+            t.contains("| 520.0 tok/s (1.00 s) | 260.0 tok/s (2.00 s) | 2.00x |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| 150.0 tok/s | 100.0 tok/s | 1.50x | 200.0 tok/s | 0.75 |"),
+            "{t}"
+        );
+        assert!(rows_of(&json!({"table": [{"context": 1}]})).is_err());
+    }
+}
