@@ -8,14 +8,42 @@ use std::arch::x86_64::*;
 const BLOCK: usize = 16;
 use crate::elem::{KvDtype, KvElem};
 
+/// The rows of one key block for one KV head: where key `j`'s `head_dim` values start.
+pub(super) trait BlockRows<E> {
+    /// # Safety
+    /// `j < BLOCK`; the pointer is valid for the head's `head_dim` values.
+    unsafe fn row(&self, j: usize) -> *const E;
+}
+
+impl<E> BlockRows<E> for [&[E]; BLOCK] {
+    #[inline(always)]
+    unsafe fn row(&self, j: usize) -> *const E {
+        self.get_unchecked(j).as_ptr()
+    }
+}
+
+/// A block inside one stored run: key `j`'s values start `j × stride` values after `base`
+/// (no slice per key to build and check).
+#[derive(Clone, Copy)]
+pub(super) struct Strided<E> {
+    pub base: *const E,
+    pub stride: usize,
+}
+
+impl<E> BlockRows<E> for Strided<E> {
+    #[inline(always)]
+    unsafe fn row(&self, j: usize) -> *const E {
+        self.base.add(j * self.stride)
+    }
+}
+
 /// 8 values of `row` from `d`, widened.
 ///
 /// # Safety
-/// AVX2 and F16C are enabled in the caller; `d + 8 <= row.len()`.
+/// AVX2 and F16C are enabled in the caller; `row + d .. row + d + 8` are values of a row.
 #[inline(always)]
-unsafe fn load8<E: KvElem>(row: &[E], d: usize) -> __m256 {
-    debug_assert!(d + 8 <= row.len());
-    let p = row.as_ptr().add(d);
+unsafe fn load8<E: KvElem>(row: *const E, d: usize) -> __m256 {
+    let p = row.add(d);
     match E::DTYPE {
         KvDtype::F32 => _mm256_loadu_ps(p as *const f32),
         KvDtype::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
@@ -31,8 +59,8 @@ unsafe fn load8<E: KvElem>(row: &[E], d: usize) -> __m256 {
 /// # Safety
 /// AVX2 and F16C are enabled in the caller; `d0 + 8 <= rows[j].len()` for those keys.
 #[inline(always)]
-unsafe fn transpose8<E: KvElem>(rows: &[&[E]; BLOCK], j0: usize, d0: usize) -> [__m256; 8] {
-    let r: [__m256; 8] = std::array::from_fn(|i| load8(rows[j0 + i], d0));
+unsafe fn transpose8<E: KvElem, B: BlockRows<E>>(rows: &B, j0: usize, d0: usize) -> [__m256; 8] {
+    let r: [__m256; 8] = std::array::from_fn(|i| load8(rows.row(j0 + i), d0));
     let t0 = _mm256_unpacklo_ps(r[0], r[1]);
     let t1 = _mm256_unpackhi_ps(r[0], r[1]);
     let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -71,7 +99,7 @@ pub(super) unsafe fn transpose_block<E: KvElem>(rows: &[&[E]; BLOCK], hd: usize,
     debug_assert!(kt.len() >= hd * BLOCK);
     let out = kt.as_mut_ptr();
     for j0 in [0, 8] {
-        for d0 in (0..hd).step_by(8) {
+        for d0 in (0..hd / 8).map(|c| c * 8) {
             for (i, c) in transpose8(rows, j0, d0).into_iter().enumerate() {
                 _mm256_storeu_ps(out.add((d0 + i) * BLOCK + j0), c);
             }
@@ -89,8 +117,8 @@ pub(super) unsafe fn transpose_block<E: KvElem>(rows: &[&[E]; BLOCK], hd: usize,
 /// AVX2, FMA and F16C are enabled in the caller; every row holds `hd` (a multiple of 8)
 /// values and every query `hd`.
 #[inline(always)]
-pub(super) unsafe fn scores_fused<E: KvElem, const R: usize>(
-    rows: &[&[E]; BLOCK],
+pub(super) unsafe fn scores_fused<E: KvElem, B: BlockRows<E>, const R: usize>(
+    rows: &B,
     hd: usize,
     qs: &[&[f32]; R],
     scale: f32,
@@ -99,7 +127,7 @@ pub(super) unsafe fn scores_fused<E: KvElem, const R: usize>(
     let mut out = [[0f32; BLOCK]; R];
     for j0 in [0, 8] {
         let mut s = [_mm256_setzero_ps(); R];
-        for d0 in (0..hd).step_by(8) {
+        for d0 in (0..hd / 8).map(|c| c * 8) {
             let cols = transpose8(rows, j0, d0);
             for (i, col) in cols.iter().enumerate() {
                 for r in 0..R {
@@ -203,6 +231,29 @@ pub(super) struct Softmax {
     pub l: f32,
 }
 
+/// [`block_fused_hd`] with the common head dimensions as constants, so that its loops over
+/// the dimensions are counted at compile time (the same operations).
+///
+/// # Safety
+/// As [`block_fused_hd`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn block_fused<E: KvElem, B: BlockRows<E>, const R: usize>(
+    krows: &B,
+    vrows: &B,
+    hd: usize,
+    qs: &[&[f32]; R],
+    scale: f32,
+    st: &mut [Softmax; R],
+    acc: [*mut f32; R],
+) {
+    match hd {
+        64 => block_fused_hd(krows, vrows, 64, qs, scale, st, acc),
+        128 => block_fused_hd(krows, vrows, 128, qs, scale, st, acc),
+        _ => block_fused_hd(krows, vrows, hd, qs, scale, st, acc),
+    }
+}
+
 /// A whole key block (all 16 keys seen by every one of the `R` query heads) folded into
 /// those query heads of one KV head, in registers: the portable `scores` and then `fold`
 /// for each head, operation for operation (the block's maximum, the rescale by
@@ -214,9 +265,9 @@ pub(super) struct Softmax {
 /// AVX2, FMA and F16C are enabled in the caller; every key and value row and every query
 /// holds `hd` (a multiple of 8) values; every `acc[r]` holds `hd`.
 #[inline(always)]
-pub(super) unsafe fn block_fused<E: KvElem, const R: usize>(
-    krows: &[&[E]; BLOCK],
-    vrows: &[&[E]; BLOCK],
+unsafe fn block_fused_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
+    krows: &B,
+    vrows: &B,
     hd: usize,
     qs: &[&[f32]; R],
     scale: f32,
@@ -248,7 +299,7 @@ pub(super) unsafe fn block_fused<E: KvElem, const R: usize>(
             st[r].l += pj;
         }
     }
-    for d0 in (0..hd).step_by(8) {
+    for d0 in (0..hd / 8).map(|c| c * 8) {
         let mut a: [__m256; R] = std::array::from_fn(|r| {
             let a = _mm256_loadu_ps(acc[r].add(d0));
             if rescale[r] {
@@ -257,8 +308,10 @@ pub(super) unsafe fn block_fused<E: KvElem, const R: usize>(
                 a
             }
         });
-        for (j, v) in vrows.iter().enumerate() {
-            let v = load8(v, d0);
+        // `j` indexes the rows and every head's `p` alike.
+        #[allow(clippy::needless_range_loop)]
+        for j in 0..BLOCK {
+            let v = load8(vrows.row(j), d0);
             for r in 0..R {
                 a[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), v, a[r]);
             }
