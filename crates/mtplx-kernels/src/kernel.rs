@@ -10,7 +10,7 @@ use std::cell::UnsafeCell;
 use std::ops::Range;
 
 use crate::format::TILE;
-use crate::layout::{Layout, Sink};
+use crate::layout::{self, Layout, Sink};
 use crate::simd::Simd;
 
 /// One product `out[n, rows] = x[n, cols] · W[rows, cols]ᵀ` over packed tiles.
@@ -51,19 +51,22 @@ impl<S: Simd, const C: usize, const R: usize> Sink<S, C> for Acc<S, C, R> {
 }
 
 /// `C` tiles from `tile0` × `R` rows of `x` from `row0` (`xr`: those rows interleaved, see
-/// [`Acc`]): one pass over the tiles' weights.
+/// [`Acc`]): one pass over the tiles' weights, which start at `w0` (tile `tile0`'s first
+/// byte), `stride` bytes a tile, in `L`'s layout.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 unsafe fn group<S: Simd, L: Layout, const C: usize, const R: usize>(
     job: &Job,
     k: S::Consts,
+    w0: *const u8,
+    stride: usize,
     tile0: usize,
     row0: usize,
     xr: *const f32,
 ) {
-    let mut t = [job.data; C];
+    let mut t = [w0; C];
     for c in 0..C {
-        t[c] = job.data.add((tile0 + c) * job.tile_stride);
+        t[c] = w0.add(c * stride);
     }
     let mut a = Acc::<S, C, R> {
         acc: [[S::zero(); R]; C],
@@ -120,10 +123,34 @@ fn tiles_per_pass<S: Simd>(r: usize) -> usize {
     }
 }
 
+/// Rows of `x` from which a product dequantizes each tile once into an `f32` panel and runs
+/// the passes over the panel ([`panels`]); fewer rows (a decode step, a verify block)
+/// dequantize inside the passes ([`direct`]). A speed knob only: both feed every
+/// accumulator the same weights in the same order.
+const PANEL_MIN_ROWS: usize = 8;
+
+/// Rows of `x` one panel serves before the next tile's is built: the dequantization is
+/// paid once per tile per this many rows, instead of once per pass of a few rows.
+const PANEL_ROWS: usize = 64;
+
+/// Rows of `x` per pass over a panel, given `left` rows to go: a dense `f32` panel costs a
+/// load per input, so a pass takes as many rows as the registers hold accumulators for.
+#[inline(always)]
+fn panel_rows_per_pass<S: Simd>(left: usize) -> usize {
+    if S::WIDE {
+        rows_per_pass::<S>(left)
+    } else {
+        left.min(6)
+    }
+}
+
 thread_local! {
     /// Each thread's copy of the rows of `x` of one pass, interleaved. Grows to the largest
     /// `rows × cols` seen, then is reused: products allocate nothing in steady state.
     static INTERLEAVED: UnsafeCell<Vec<f32>> = const { UnsafeCell::new(Vec::new()) };
+    /// Each thread's panel: one tile's weights dequantized, in [`layout::F32`]'s tile
+    /// layout (16 `f32`s an input). Grows like [`INTERLEAVED`].
+    static PANEL: UnsafeCell<Vec<f32>> = const { UnsafeCell::new(Vec::new()) };
 }
 
 /// The product for output tiles `tiles`, all rows of `x`.
@@ -134,69 +161,159 @@ thread_local! {
 pub(crate) unsafe fn run<S: Simd, L: Layout>(job: &Job, tiles: Range<usize>) {
     // Not `with(|buf| …)` around the work: an outlined closure would lose the caller's
     // `#[target_feature]`s (see `Sink`).
-    // SAFETY: only this thread touches its buffer, and `run` does not re-enter itself.
+    // SAFETY: only this thread touches its buffers, and `run` does not re-enter itself.
     let buf = &mut *INTERLEAVED.with(UnsafeCell::get);
+    if L::PANEL && job.n >= PANEL_MIN_ROWS {
+        let panel = &mut *PANEL.with(UnsafeCell::get);
+        panels::<S, L>(job, tiles, buf, panel)
+    } else {
+        direct::<S, L>(job, tiles, buf)
+    }
+}
+
+/// Dequantizing inside the passes: each pass of a few rows reads the tiles' packed weights.
+#[inline(always)]
+unsafe fn direct<S: Simd, L: Layout>(job: &Job, tiles: Range<usize>, buf: &mut Vec<f32>) {
     let k = S::consts();
     let mut row = 0;
     while row < job.n {
         let r = rows_per_pass::<S>(job.n - row);
-        let c = tiles_per_pass::<S>(r);
-        let xr = if r == 1 {
-            job.x.add(row * job.cols)
-        } else {
-            let len = r * job.cols;
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
-            for rr in 0..r {
-                let src = std::slice::from_raw_parts(job.x.add((row + rr) * job.cols), job.cols);
-                for (i, v) in src.iter().enumerate() {
-                    *buf.get_unchecked_mut(i * r + rr) = *v;
-                }
-            }
-            buf.as_ptr()
-        };
-        let mut t = tiles.start;
-        while t < tiles.end {
-            let left = tiles.end - t;
-            let c = if left >= c {
-                c
-            } else if c > 4 && left >= 4 {
-                4
-            } else {
-                1
-            };
-            macro_rules! shapes {
-                ($(($cc:literal, $rr:literal)),*) => {
-                    match (c, r) {
-                        $(($cc, $rr) => group::<S, L, $cc, $rr>(job, k, t, row, xr),)*
-                        _ => unreachable!("no kernel shape {c}×{r}"),
-                    }
-                };
-            }
-            shapes!(
-                (8, 1),
-                (4, 1),
-                (4, 2),
-                (4, 3),
-                (4, 4),
-                (2, 2),
-                (2, 5),
-                (2, 6),
-                (2, 7),
-                (2, 8),
-                (1, 1),
-                (1, 2),
-                (1, 3),
-                (1, 4),
-                (1, 5),
-                (1, 6),
-                (1, 7),
-                (1, 8),
-                (1, 16)
-            );
-            t += c;
-        }
+        let xr = interleave(job, row, r, buf, 0);
+        let w0 = job.data.add(tiles.start * job.tile_stride);
+        pass::<S, L>(job, k, w0, job.tile_stride, tiles.clone(), row, r, xr);
         row += r;
+    }
+}
+
+/// Dequantizing once per tile and block of [`PANEL_ROWS`] rows into `panel`, then running
+/// the block's passes over the panel as a dense [`layout::F32`] tile.
+#[inline(always)]
+unsafe fn panels<S: Simd, L: Layout>(
+    job: &Job,
+    tiles: Range<usize>,
+    buf: &mut Vec<f32>,
+    panel: &mut Vec<f32>,
+) {
+    /// Stores each input's 16 weights at their place in the panel.
+    struct Store(*mut f32);
+    impl<S: Simd> Sink<S, 1> for Store {
+        #[inline(always)]
+        unsafe fn take(&mut self, i: usize, w: &[S::V; 1]) {
+            S::store(w[0], self.0.add(i * TILE));
+        }
+    }
+    let k = S::consts();
+    if panel.len() < job.cols * TILE {
+        panel.resize(job.cols * TILE, 0.0);
+    }
+    let mut row0 = 0;
+    while row0 < job.n {
+        let end = job.n.min(row0 + PANEL_ROWS);
+        // The block's passes interleaved once, each at its first row's offset.
+        let mut row = row0;
+        while row < end {
+            let r = panel_rows_per_pass::<S>(end - row);
+            interleave(job, row, r, buf, (row - row0) * job.cols);
+            row += r;
+        }
+        for t in tiles.clone() {
+            let w = job.data.add(t * job.tile_stride);
+            for b in 0..job.cols / L::BLOCK {
+                let mut sink = Store(panel.as_mut_ptr().add(b * L::BLOCK * TILE));
+                L::visit::<S, 1>(&[w.add(b * L::BYTES)], k, &mut sink);
+            }
+            let p = panel.as_ptr().cast::<u8>();
+            let mut row = row0;
+            while row < end {
+                let r = panel_rows_per_pass::<S>(end - row);
+                let xr = if r == 1 {
+                    job.x.add(row * job.cols)
+                } else {
+                    buf.as_ptr().add((row - row0) * job.cols)
+                };
+                pass::<S, layout::F32>(job, k, p, 0, t..t + 1, row, r, xr);
+                row += r;
+            }
+        }
+        row0 = end;
+    }
+}
+
+/// Rows `row..row + r` of `x` interleaved into `buf` from `at` (see [`Acc`]); one row is
+/// read where it is.
+#[inline(always)]
+unsafe fn interleave(job: &Job, row: usize, r: usize, buf: &mut Vec<f32>, at: usize) -> *const f32 {
+    if r == 1 {
+        return job.x.add(row * job.cols);
+    }
+    let len = at + r * job.cols;
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    for rr in 0..r {
+        let src = std::slice::from_raw_parts(job.x.add((row + rr) * job.cols), job.cols);
+        for (i, v) in src.iter().enumerate() {
+            *buf.get_unchecked_mut(at + i * r + rr) = *v;
+        }
+    }
+    buf.as_ptr().add(at)
+}
+
+/// One pass of `r` rows from `row` (`xr`, interleaved) over `tiles`, whose weights start at
+/// `w0`, `stride` bytes a tile, in `L`'s layout.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pass<S: Simd, L: Layout>(
+    job: &Job,
+    k: S::Consts,
+    w0: *const u8,
+    stride: usize,
+    tiles: Range<usize>,
+    row: usize,
+    r: usize,
+    xr: *const f32,
+) {
+    let c = tiles_per_pass::<S>(r);
+    let mut t = tiles.start;
+    while t < tiles.end {
+        let left = tiles.end - t;
+        let c = if left >= c {
+            c
+        } else if c > 4 && left >= 4 {
+            4
+        } else {
+            1
+        };
+        let w = w0.add((t - tiles.start) * stride);
+        macro_rules! shapes {
+            ($(($cc:literal, $rr:literal)),*) => {
+                match (c, r) {
+                    $(($cc, $rr) => group::<S, L, $cc, $rr>(job, k, w, stride, t, row, xr),)*
+                    _ => unreachable!("no kernel shape {c}×{r}"),
+                }
+            };
+        }
+        shapes!(
+            (8, 1),
+            (4, 1),
+            (4, 2),
+            (4, 3),
+            (4, 4),
+            (2, 2),
+            (2, 5),
+            (2, 6),
+            (2, 7),
+            (2, 8),
+            (1, 1),
+            (1, 2),
+            (1, 3),
+            (1, 4),
+            (1, 5),
+            (1, 6),
+            (1, 7),
+            (1, 8),
+            (1, 16)
+        );
+        t += c;
     }
 }

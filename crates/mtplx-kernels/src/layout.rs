@@ -25,6 +25,9 @@ pub(crate) trait Layout {
     const BLOCK: usize;
     /// Bytes per tile-block.
     const BYTES: usize;
+    /// Whether a product of many rows should dequantize a tile once into an `f32` panel
+    /// first (`kernel.rs`): every format but `f32` itself.
+    const PANEL: bool = true;
 
     /// Packs the GGUF blocks of the tile's 16 rows (`src[j]` is row `j`'s block) into `dst`
     /// (`Self::BYTES` long).
@@ -104,6 +107,7 @@ pub(crate) struct Q6K;
 impl Layout for F32 {
     const BLOCK: usize = 1;
     const BYTES: usize = 64;
+    const PANEL: bool = false;
 
     fn pack(src: &[&[u8]; TILE], dst: &mut [u8]) {
         gather(src, 0, 4, dst, 0);

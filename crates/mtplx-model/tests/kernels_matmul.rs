@@ -76,14 +76,23 @@ proptest! {
 }
 
 /// The default model's widths (576 and 1536 inputs) with the row counts that exercise every
-/// row-blocking shape (16-row passes, an 8-row pass, a remainder).
+/// row-blocking shape (16-row passes, an 8-row pass, a remainder), and products of enough
+/// rows to run over dequantized panels (8 rows and up), more than one block of them (64).
 #[test]
 fn model_widths_and_every_row_blocking() {
     let pool = Pool::new(2);
     for format in QuantFormat::ALL {
         let (bl, wide) = (format.block_len(), format.block_len() == 256);
         let cols = if wide { 512 } else { 576 };
-        for (rows, n) in [(40, 1), (48, 3), (33, 29), (16, 40)] {
+        for (rows, n) in [
+            (40, 1),
+            (48, 3),
+            (33, 29),
+            (16, 40),
+            (20, 7),
+            (40, 8),
+            (17, 131),
+        ] {
             check(
                 format,
                 rows,
