@@ -202,6 +202,15 @@ pub(crate) fn ensure_llama(target: &str) -> Result<PathBuf> {
             "unpacking the sdist",
         )?;
     }
+    let has_cmake = Command::new("cmake")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_cmake {
+        bail!(
+            "building llama.cpp needs cmake, which is not on PATH: `python3 -m pip install cmake`"
+        );
+    }
     eprintln!("[peer] building {target} (cmake, Release; several minutes on 2 cores)");
     run_cmd(
         Command::new("cmake")
