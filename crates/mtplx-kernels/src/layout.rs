@@ -265,31 +265,19 @@ fn high_bit(qh: &[u8], i: usize) -> u8 {
 /// For each input `$i` of the `$groups` groups of four from group `$g0` of a tile-block
 /// whose weights are a nibble plus a 2-bit field (the 5-bit formats and Q6_K), binds `$q`
 /// to the 16-lane values `lo + hi` (`lo` from the nibble-pair units at `$nib`, `hi = 16 c −
-/// 32` from the 2-bit field units at `$high`) and runs `$body`. A macro, not a function
-/// taking a closure (see [`Sink`]).
+/// 32` from the 2-bit field units at `$high`: [`Simd::nibble_fields`]) and runs `$body`. A
+/// macro, not a function taking a closure (see [`Sink`]).
 macro_rules! nibble_field_groups {
     ($S:ty, $t:expr, $k:expr, $nib:expr, $high:expr, $g0:expr, $groups:expr, |$i:ident, $q:ident| $body:expr) => {
         for v in $g0..$g0 + $groups {
-            let lo01: [(<$S as Simd>::V, <$S as Simd>::V); C] = lanes!((<$S>::zero(), <$S>::zero());
-                c => <$S>::nibbles($k, $t[c].add($nib + TILE * 2 * v)));
-            let lo23: [(<$S as Simd>::V, <$S as Simd>::V); C] = lanes!((<$S>::zero(), <$S>::zero());
-                c => <$S>::nibbles($k, $t[c].add($nib + TILE * (2 * v + 1))));
-            let hi: [[<$S as Simd>::V; 4]; C] =
-                lanes!([<$S>::zero(); 4]; c => <$S>::high6($k, $t[c].add($high + TILE * v)));
-            {
-                let ($i, $q) = (4 * v, lanes!(<$S>::zero(); c => <$S>::add(lo01[c].0, hi[c][0])));
-                $body;
-            }
-            {
-                let ($i, $q) = (4 * v + 1, lanes!(<$S>::zero(); c => <$S>::add(lo01[c].1, hi[c][1])));
-                $body;
-            }
-            {
-                let ($i, $q) = (4 * v + 2, lanes!(<$S>::zero(); c => <$S>::add(lo23[c].0, hi[c][2])));
-                $body;
-            }
-            {
-                let ($i, $q) = (4 * v + 3, lanes!(<$S>::zero(); c => <$S>::add(lo23[c].1, hi[c][3])));
+            let q4: [[<$S as Simd>::V; 4]; C] = lanes!([<$S>::zero(); 4]; c => <$S>::nibble_fields(
+                $k,
+                $t[c].add($nib + TILE * 2 * v),
+                $t[c].add($nib + TILE * (2 * v + 1)),
+                $t[c].add($high + TILE * v),
+            ));
+            for k4 in 0..4 {
+                let ($i, $q) = (4 * v + k4, lanes!(<$S>::zero(); c => q4[c][k4]));
                 $body;
             }
         }

@@ -124,6 +124,7 @@ fn per_shape(c: &mut Criterion) {
                 QuantFormat::Q4_1,
                 QuantFormat::Q8_0,
                 QuantFormat::Q4_0,
+                QuantFormat::Q5_0,
                 QuantFormat::Q4K,
                 QuantFormat::Q6K,
             ]

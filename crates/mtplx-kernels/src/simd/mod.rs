@@ -45,5 +45,26 @@ pub(crate) trait Simd {
     /// 16 bytes: the four 2-bit fields `c` of each byte (bits 0-1, 2-3, 4-5, 6-7) as
     /// `16 c − 32`, `f32` in `{-32, -16, 0, 16}`.
     unsafe fn high6(k: Self::Consts, p: *const u8) -> [Self::V; 4];
+    /// The four inputs of a group of a nibble + 2-bit-field format (the 5-bit formats and
+    /// Q6_K): `lo + (16 c − 32)`, `lo` the nibbles of the pair units at `n01` (inputs 0, 1)
+    /// and `n23` (inputs 2, 3), `c` the fields of the unit at `h` (see [`Self::high6`]). Whole
+    /// numbers in `-32..32`, so every way of computing them gives the same `f32`s.
+    #[inline(always)]
+    unsafe fn nibble_fields(
+        k: Self::Consts,
+        n01: *const u8,
+        n23: *const u8,
+        h: *const u8,
+    ) -> [Self::V; 4] {
+        let (lo0, lo1) = Self::nibbles(k, n01);
+        let (lo2, lo3) = Self::nibbles(k, n23);
+        let hi = Self::high6(k, h);
+        [
+            Self::add(lo0, hi[0]),
+            Self::add(lo1, hi[1]),
+            Self::add(lo2, hi[2]),
+            Self::add(lo3, hi[3]),
+        ]
+    }
     unsafe fn store(v: Self::V, p: *mut f32);
 }

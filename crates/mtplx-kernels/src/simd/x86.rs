@@ -142,6 +142,15 @@ unsafe fn high_m32(v: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, mask), off))
 }
 
+/// 16 `i8` lanes as `f32`.
+#[inline(always)]
+unsafe fn i8x16(q: __m128i) -> P {
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q))),
+    ]
+}
+
 /// 8 bytes at `p` zero-extended to 8 `i32`.
 #[inline(always)]
 unsafe fn u8x8(p: *const u8) -> __m256i {
@@ -267,6 +276,37 @@ impl Simd for Avx2 {
                 high_m32(_mm256_srli_epi32::<2>(raw[0])),
                 high_m32(_mm256_srli_epi32::<2>(raw[1])),
             ],
+        ]
+    }
+
+    /// In bytes first (one 16-byte unit is the 16 lanes of an input), widened once: a
+    /// third fewer instructions than widening the nibbles and the fields apart and adding.
+    #[inline(always)]
+    unsafe fn nibble_fields(_: (), n01: *const u8, n23: *const u8, h: *const u8) -> [P; 4] {
+        let (m4, m30, b32) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(0x30), _mm_set1_epi8(32));
+        let (a, b, f) = (
+            _mm_loadu_si128(n01.cast()),
+            _mm_loadu_si128(n23.cast()),
+            _mm_loadu_si128(h.cast()),
+        );
+        // Shifts of 16-bit lanes: the bits crossing from the neighbouring byte are masked off.
+        let lo = [
+            _mm_and_si128(a, m4),
+            _mm_and_si128(_mm_srli_epi16::<4>(a), m4),
+            _mm_and_si128(b, m4),
+            _mm_and_si128(_mm_srli_epi16::<4>(b), m4),
+        ];
+        let hi = [
+            _mm_and_si128(_mm_slli_epi16::<4>(f), m30),
+            _mm_and_si128(_mm_slli_epi16::<2>(f), m30),
+            _mm_and_si128(f, m30),
+            _mm_and_si128(_mm_srli_epi16::<2>(f), m30),
+        ];
+        [
+            i8x16(_mm_sub_epi8(_mm_or_si128(lo[0], hi[0]), b32)),
+            i8x16(_mm_sub_epi8(_mm_or_si128(lo[1], hi[1]), b32)),
+            i8x16(_mm_sub_epi8(_mm_or_si128(lo[2], hi[2]), b32)),
+            i8x16(_mm_sub_epi8(_mm_or_si128(lo[3], hi[3]), b32)),
         ]
     }
 
