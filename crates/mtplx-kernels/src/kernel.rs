@@ -175,11 +175,11 @@ pub(crate) unsafe fn run<S: Simd, L: Layout>(job: &Job, tiles: Range<usize>) {
 #[inline(always)]
 unsafe fn direct<S: Simd, L: Layout>(job: &Job, tiles: Range<usize>, buf: &mut Vec<f32>) {
     let k = S::consts();
+    let w0 = job.data.add(tiles.start * job.tile_stride);
     let mut row = 0;
     while row < job.n {
         let r = rows_per_pass::<S>(job.n - row);
         let xr = interleave(job, row, r, buf, 0);
-        let w0 = job.data.add(tiles.start * job.tile_stride);
         pass::<S, L>(job, k, w0, job.tile_stride, tiles.clone(), row, r, xr);
         row += r;
     }
