@@ -1,4 +1,5 @@
-//! The K/V element type (`--kv-dtype`) through the server: for each setting, a returning
+//! The K/V element type (`--kv-dtype`, `--kv-quant`) through the server: for each setting
+//! (f32, f16, bf16, q8, q4), a returning
 //! conversation restored from the RAM bank and, once evicted, from the SSD tier, decoded
 //! speculatively, answers byte for byte what a cold server with that setting answers
 //! plainly; and an SSD entry written by a server keeping another type is not reused, with
@@ -114,8 +115,15 @@ async fn every_kv_dtype_answers_the_same_cold_from_ram_and_from_the_ssd() {
 
 #[tokio::test]
 async fn an_ssd_entry_of_another_kv_dtype_is_a_named_miss_not_a_restore() {
+    // A float type read by another, and one read by a server quantizing its K/V.
+    for (wrote, reads) in [(KvDtype::F32, KvDtype::F16), (KvDtype::F16, KvDtype::Q8)] {
+        another_kv_dtype_is_a_named_miss(wrote, reads).await;
+    }
+}
+
+async fn another_kv_dtype_is_a_named_miss(wrote: KvDtype, reads: KvDtype) {
     let dir = tempfile::tempdir().unwrap();
-    let written = with_ssd(dir.path(), KvDtype::F32);
+    let written = with_ssd(dir.path(), wrote);
     let state = state_with(written.clone());
     let one = call(&state, with_session(&first_turn(), "s-1")).await;
     assert_eq!(one.status, 200, "{}", one.text());
@@ -126,22 +134,22 @@ async fn an_ssd_entry_of_another_kv_dtype_is_a_named_miss_not_a_restore() {
     assert!(done.written >= 1 && done.failed == 0, "{done:?}");
     stop(state, &written.cache.ssd_dir).await;
 
-    // The same directory, the same model, K/V kept in f16.
-    let reader = with_ssd(dir.path(), KvDtype::F16);
+    // The same directory, the same model, K/V kept in another type.
+    let reader = with_ssd(dir.path(), reads);
     let restarted = state_with(reader.clone());
     let back = call(&restarted, with_session(&second_turn(&first), "s-1")).await;
     assert_eq!(back.status, 200, "{}", back.text());
-    assert_eq!(cached_tokens(&back.json()), 0, "{}", back.text());
+    assert_eq!(cached_tokens(&back.json()), 0, "{reads}: {}", back.text());
     let line = last_log(dir.path());
     assert_eq!(
         line["cache_miss_reason"], "ssd_kv_format_mismatch",
-        "{line}"
+        "{wrote} read as {reads}: {line}"
     );
     stop(restarted, &reader.cache.ssd_dir).await;
 
     let mut off = settings();
-    off.cache.kv_dtype = KvDtype::F16;
+    off.cache.kv_dtype = reads;
     off.cache.ssd = SsdMode::Off;
     let cold = call(&state_with(off), post_json(CHAT, &second_turn(&first))).await;
-    assert_eq!(answer(&back.json()), answer(&cold.json()));
+    assert_eq!(answer(&back.json()), answer(&cold.json()), "{reads}");
 }

@@ -34,6 +34,8 @@ pub fn cold_dtype(dtype: KvDtype) -> mtplx_cold::KvDtype {
         KvDtype::F32 => mtplx_cold::KvDtype::F32,
         KvDtype::F16 => mtplx_cold::KvDtype::F16,
         KvDtype::Bf16 => mtplx_cold::KvDtype::Bf16,
+        KvDtype::Q8 => mtplx_cold::KvDtype::Q8,
+        KvDtype::Q4 => mtplx_cold::KvDtype::Q4,
     }
 }
 
@@ -166,6 +168,8 @@ mod tests {
             mtplx_cold::KvDtype::F32 => KvDtype::F32,
             mtplx_cold::KvDtype::F16 => KvDtype::F16,
             mtplx_cold::KvDtype::Bf16 => KvDtype::Bf16,
+            mtplx_cold::KvDtype::Q8 => KvDtype::Q8,
+            mtplx_cold::KvDtype::Q4 => KvDtype::Q4,
         }
     }
 
@@ -175,7 +179,8 @@ mod tests {
             let cold = cold_dtype(d);
             assert_eq!(kv_dtype(cold), d);
             assert_eq!(cold.as_str(), d.as_str());
-            assert_eq!(cold.size(), d.size());
+            assert_eq!(cold.group(), d.group());
+            assert_eq!(cold.bytes(64), d.bytes(64));
         }
         for c in mtplx_cold::KvDtype::ALL {
             assert_eq!(cold_dtype(kv_dtype(c)), c);

@@ -3,9 +3,9 @@
 use mtplx_cold::{
     BoxError, DirectLayer, DirectPiece, KvGeometry, KvSink, RecurrentCheckpoint, TailState,
 };
-use mtplx_kv::{CacheFactory, KvCache, KvDtype, KvShape, LentLayer};
+use mtplx_kv::{CacheFactory, KvCache, KvShape, LentLayer};
 
-use crate::convert::{cold_dtype, geometry};
+use crate::convert::geometry;
 
 /// A [`KvSink`] that builds the restored rows straight into a cache built by the caller's
 /// factory: nothing of the SSD entry outlives the restore except the cache itself (and the
@@ -71,10 +71,8 @@ impl KvSink for CacheSink<'_> {
         if have != start {
             return Err(format!("layer {layer}: rows from {start} arrive after {have}").into());
         }
-        // `begin` checked the stored type is the cache's; widening its values is exact, and
-        // `append` rounds them back to the same values, so the cache holds the stored bits.
-        let dtype = cache.dtype();
-        Ok(cache.append(layer, &widen(dtype, k)?, &widen(dtype, v)?)?)
+        // `begin` checked the stored type is the cache's: the bytes are kept as they are.
+        Ok(cache.append_stored(layer, k, v)?)
     }
 
     fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
@@ -93,18 +91,6 @@ impl KvSink for CacheSink<'_> {
         self.recurrent = None;
         self.tail = None;
     }
-}
-
-/// The values whose little-endian `dtype` bytes are `bytes`, as `f32` (exactly).
-fn widen(dtype: KvDtype, bytes: &[u8]) -> Result<Vec<f32>, BoxError> {
-    let dtype = cold_dtype(dtype);
-    if !bytes.len().is_multiple_of(dtype.size()) {
-        return Err(format!("{} bytes are not whole {dtype} values", bytes.len()).into());
-    }
-    Ok(bytes
-        .chunks_exact(dtype.size())
-        .map(|b| dtype.decode(b))
-        .collect())
 }
 
 fn direct_layer(layer: LentLayer<'_>) -> DirectLayer<'_> {
@@ -127,7 +113,7 @@ mod tests {
         ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, Identity, KvRows, Mtp,
         ReadPath, Recurrent, SpillEntry, GIB,
     };
-    use mtplx_kv::{bf16, f16, BlockPool, KvView, Layout};
+    use mtplx_kv::{BlockPool, KvDtype, KvView, Layout};
     use proptest::prelude::*;
 
     use super::*;
@@ -137,6 +123,14 @@ mod tests {
         kv_heads: 1,
         head_dim: 4,
     };
+
+    /// [`SHAPE`] for rows of `dtype`: heads of one group of a quantized type.
+    fn shape(dtype: KvDtype) -> KvShape {
+        KvShape {
+            head_dim: SHAPE.head_dim.max(dtype.group()),
+            ..SHAPE
+        }
+    }
 
     #[test]
     fn every_layout_lends_its_rows_in_pieces_covering_the_restore() {
@@ -150,22 +144,17 @@ mod tests {
             for (layout, pieces) in [(contiguous, 1), (paged, 3), (segmented, 3)] {
                 let factory = CacheFactory::from(layout).with_dtype(dtype).unwrap();
                 let case = format!("{:?} {dtype}", factory.layout());
+                let shape = shape(dtype);
+                let n = shape.row_len();
                 let value = |l: usize, pos: usize, is_v: bool| {
                     let x = (l * 100 + pos) as f32;
-                    let x = if is_v { -x } else { x };
-                    let mut out = Vec::new();
-                    match dtype {
-                        KvDtype::F32 => out.extend(x.to_le_bytes()),
-                        KvDtype::F16 => out.extend(f16::from_f32(x).to_le_bytes()),
-                        KvDtype::Bf16 => out.extend(bf16::from_f32(x).to_le_bytes()),
-                    }
-                    out.repeat(4)
+                    dtype.encode(&vec![if is_v { -x } else { x }; n])
                 };
-                let mut sink = CacheSink::new(&factory, SHAPE);
-                sink.begin(geometry(SHAPE, dtype), 40).unwrap();
+                let mut sink = CacheSink::new(&factory, shape);
+                sink.begin(geometry(shape, dtype), 40).unwrap();
                 let layers = sink.direct_rows().expect("every layout lends");
                 assert_eq!(layers.len(), 2);
-                let row = 4 * dtype.size();
+                let row = dtype.bytes(n);
                 for (l, layer) in layers.into_iter().enumerate() {
                     assert_eq!(layer.pieces.len(), pieces, "{case}");
                     let mut at = 0;
@@ -183,12 +172,16 @@ mod tests {
                 let cache = sink.cache.as_ref().unwrap();
                 assert_eq!(cache.len(), 40);
                 assert_eq!(cache.dtype(), dtype);
-                let (mut k, mut v) = ([0.0; 160], [0.0; 160]);
+                let (mut k, mut v) = (vec![0.0; 40 * n], vec![0.0; 40 * n]);
                 cache.read_rows(1, 0..40, &mut k, &mut v).unwrap();
-                // Values up to 139 are exact in every type.
-                let want: Vec<f32> = (0..160).map(|i| (100 + i / 4) as f32).collect();
-                assert_eq!(k.to_vec(), want, "{case}");
-                assert_eq!(v.map(|x| -x).to_vec(), want, "{case}");
+                // The values the pieces were given, as the type stores them.
+                let stored = |is_v| -> Vec<f32> {
+                    (0..40)
+                        .flat_map(|pos| dtype.decode(&value(1, pos, is_v)).unwrap())
+                        .collect()
+                };
+                assert_eq!(k, stored(false), "{case}");
+                assert_eq!(v, stored(true), "{case}");
             }
         }
     }
@@ -204,24 +197,27 @@ mod tests {
     }
 
     #[test]
-    fn staged_rows_widen_exactly_and_refuse_partial_values() {
-        let xs = [1.0f32, -2.5, 0.333_333_34, 65504.0];
+    fn staged_rows_keep_their_bytes_and_refuse_partial_rows() {
         for dtype in KvDtype::ALL {
-            let mut bytes = Vec::new();
-            for &x in &xs {
-                match dtype {
-                    KvDtype::F32 => bytes.extend(x.to_le_bytes()),
-                    KvDtype::F16 => bytes.extend(f16::from_f32(x).to_le_bytes()),
-                    KvDtype::Bf16 => bytes.extend(bf16::from_f32(x).to_le_bytes()),
-                }
+            let shape = shape(dtype);
+            let values: Vec<f32> = (0..3 * shape.row_len())
+                .map(|i| (i as f32 * 0.37).sin() * 70_000.0_f32.powf((i % 3) as f32 / 2.0))
+                .collect();
+            let bytes = dtype.encode(&values);
+            let factory = CacheFactory::segmented().with_dtype(dtype).unwrap();
+            let mut sink = CacheSink::new(&factory, shape);
+            sink.begin(geometry(shape, dtype), 3).unwrap();
+            for l in 0..shape.layers {
+                sink.write_rows(l, 0, &bytes, &bytes).unwrap();
             }
-            let want: Vec<f32> = match dtype {
-                KvDtype::F32 => xs.to_vec(),
-                KvDtype::F16 => xs.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
-                KvDtype::Bf16 => xs.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
-            };
-            assert_eq!(widen(dtype, &bytes).unwrap(), want, "{dtype}");
-            assert!(widen(dtype, &bytes[..bytes.len() - 1]).is_err(), "{dtype}");
+            let cache = sink.cache.as_ref().unwrap();
+            let (mut k, mut v) = (vec![0u8; bytes.len()], vec![0u8; bytes.len()]);
+            cache.read_raw(1, 0..3, &mut k, &mut v).unwrap();
+            assert!(k == bytes && v == bytes, "{dtype}: the stored bytes");
+            let mut sink = CacheSink::new(&factory, shape);
+            sink.begin(geometry(shape, dtype), 3).unwrap();
+            let cut = &bytes[..bytes.len() - 1];
+            assert!(sink.write_rows(0, 0, cut, cut).is_err(), "{dtype}");
         }
     }
 
@@ -265,14 +261,29 @@ mod tests {
     /// The stored rows: distinct for every layer, position, element and K / V, and not
     /// representable with fewer bits (so a misplaced or converted value shows).
     fn original(len: usize, dtype: KvDtype) -> KvRows {
-        KvRows::from_fn(geometry(SHAPE, dtype), len, |l, p, i, v| {
-            let x = (l * 7919 + p * 31 + i) as f32 * 0.001_953_7 + 0.1;
-            if v {
-                -x
-            } else {
-                x
-            }
-        })
+        let shape = shape(dtype);
+        let n = shape.row_len();
+        let layer = |l: usize, is_v: bool| {
+            let values: Vec<f32> = (0..len * n)
+                .map(|j| {
+                    let (p, i) = (j / n, j % n);
+                    let x = (l * 7919 + p * 31 + i) as f32 * 0.001_953_7 + 0.1;
+                    if is_v {
+                        -x
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            dtype.encode(&values)
+        };
+        KvRows {
+            geometry: Some(geometry(shape, dtype)),
+            k: (0..shape.layers).map(|l| layer(l, false)).collect(),
+            v: (0..shape.layers).map(|l| layer(l, true)).collect(),
+            recurrent: None,
+            tail: None,
+        }
     }
 
     /// A store holding one entry of `len` tokens in `dtype`, and the candidate restoring it
@@ -295,7 +306,7 @@ mod tests {
             .put(&SpillEntry {
                 identity: identity(dtype),
                 tokens: tokens.clone(),
-                geometry: geometry(SHAPE, dtype),
+                geometry: geometry(shape(dtype), dtype),
                 kv: Box::new(original(len, dtype)),
                 recurrent: Recurrent::None,
                 tail: None,
@@ -317,7 +328,7 @@ mod tests {
 
     /// The stored bytes of `view`'s first `point` positions, K then V of each layer.
     fn bits(view: &dyn KvView, point: usize) -> Vec<u8> {
-        let n = point * SHAPE.row_len() * view.dtype().size();
+        let n = view.dtype().bytes(point * shape(view.dtype()).row_len());
         let mut out = Vec::new();
         for l in 0..SHAPE.layers {
             let (mut k, mut v) = (vec![0; n], vec![0; n]);
@@ -337,7 +348,7 @@ mod tests {
     ) -> Result<(), TestCaseError> {
         let dtype = factory.dtype();
         let (st, store, hit) = stored(len, point, dtype);
-        let row = SHAPE.row_len() * dtype.size();
+        let row = dtype.bytes(shape(dtype).row_len());
         let o = original(len, dtype);
         let want: Vec<u8> = (0..SHAPE.layers)
             .flat_map(|l| {
@@ -349,7 +360,7 @@ mod tests {
         for (lend, resident) in [(true, false), (true, true), (false, false)] {
             st.set_resident(resident);
             let mut sink = Watched {
-                sink: CacheSink::new(factory, SHAPE),
+                sink: CacheSink::new(factory, shape(dtype)),
                 lend,
                 writes: 0,
             };

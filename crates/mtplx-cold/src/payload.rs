@@ -29,7 +29,7 @@ impl KvGeometry {
 
     /// Bytes of one K (or V) row: `row_len` values of `dtype`.
     pub fn row_bytes(&self) -> usize {
-        self.row_len() * self.dtype.size()
+        self.dtype.bytes(self.row_len())
     }
 
     /// Bytes one token costs on disk: all layers, K and V.
@@ -37,8 +37,13 @@ impl KvGeometry {
         2 * self.layers as u64 * self.row_bytes() as u64
     }
 
+    /// Whether the geometry describes rows at all: no empty dimension, and heads of whole
+    /// groups of a quantized type.
     pub(crate) fn is_valid(&self) -> bool {
-        self.layers > 0 && self.kv_heads > 0 && self.head_dim > 0
+        self.layers > 0
+            && self.kv_heads > 0
+            && self.head_dim > 0
+            && (self.head_dim as usize).is_multiple_of(self.dtype.group())
     }
 }
 
@@ -208,6 +213,9 @@ pub struct KvRows {
 impl KvRows {
     /// Rows from a function of (layer, position, index in row, is_v), each value encoded
     /// in the geometry's dtype (f16 and bf16 round to nearest even).
+    ///
+    /// # Panics
+    /// For a quantized dtype ([`KvDtype::encode`]): build such rows from their bytes.
     pub fn from_fn(
         geometry: KvGeometry,
         positions: usize,
@@ -244,8 +252,11 @@ impl KvRows {
         }
     }
 
-    /// The values of `layer`'s K (or, `is_v`, V) rows, decoded from the geometry's dtype
-    /// (empty without a geometry or such a layer).
+    /// The values of `layer`'s K (or, `is_v`, V) rows, decoded from the geometry's float
+    /// dtype (empty without a geometry or such a layer).
+    ///
+    /// # Panics
+    /// For a quantized dtype ([`KvDtype::decode`]).
     pub fn values(&self, layer: usize, is_v: bool) -> Vec<f32> {
         let (Some(g), Some(bytes)) = (
             self.geometry,
@@ -254,7 +265,7 @@ impl KvRows {
             return Vec::new();
         };
         bytes
-            .chunks_exact(g.dtype.size())
+            .chunks_exact(g.dtype.element_bytes())
             .map(|b| g.dtype.decode(b))
             .collect()
     }

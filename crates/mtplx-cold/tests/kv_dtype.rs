@@ -34,7 +34,7 @@ fn every_element_type_round_trips_byte_for_byte_through_both_restore_paths() {
         let st = FaultyStorage::new();
         let store = open(&st, config());
         let t = tokens(600, 7);
-        let geometry = KvGeometry { dtype, ..GEOMETRY };
+        let geometry = geometry_of(dtype);
         store.put(&entry_of(dtype, &t)).unwrap();
         let written = rows_of(geometry, &t);
         assert_eq!(written.k[0].len(), 600 * geometry.row_bytes());
@@ -86,7 +86,7 @@ fn values_are_encoded_in_the_geometrys_type() {
         let g = KvGeometry { dtype, ..GEOMETRY };
         let rows = KvRows::from_fn(g, 2, |_, _, _, _| third);
         assert_eq!(rows.positions(), 2);
-        assert_eq!(rows.k[0][..dtype.size()], want[..], "{dtype}");
+        assert_eq!(rows.k[0][..dtype.element_bytes()], want[..], "{dtype}");
         assert_eq!(rows.k[0].len(), 2 * g.row_bytes());
         let back = rows.values(0, true);
         assert_eq!(back.len(), 2 * g.row_len());

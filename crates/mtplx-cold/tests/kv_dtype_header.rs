@@ -38,7 +38,7 @@ fn a_block_header_rewritten_to_another_element_type_is_a_kv_dtype_miss() {
         for other in KvDtype::ALL.into_iter().filter(|&d| d != stored) {
             cases.push((stored, other.code()));
         }
-        cases.push((stored, 3)); // unknown
+        cases.push((stored, 5)); // unknown
     }
     for (stored, code) in cases {
         for (staged, resident) in [(false, false), (true, false), (false, true)] {

@@ -17,12 +17,16 @@ use mtplx_cold::{
 use proptest::prelude::*;
 
 /// Wide enough that a block is read in several extents (512 KiB per layer of a block, in
-/// any element type: 1 KiB rows).
+/// any float element type: 1 KiB rows; 1,088-byte rows of a quantized one).
 fn wide(dtype: KvDtype) -> KvGeometry {
     KvGeometry {
         layers: 4,
         kv_heads: 4,
-        head_dim: 256 / dtype.size() as u32,
+        head_dim: if dtype.group() > 1 {
+            256
+        } else {
+            256 / dtype.element_bytes() as u32
+        },
         dtype,
     }
 }
@@ -30,6 +34,9 @@ fn wide(dtype: KvDtype) -> KvGeometry {
 const WIDE: KvDtype = KvDtype::F32;
 
 fn wide_rows(dtype: KvDtype, tokens: &[u32]) -> KvRows {
+    if dtype.group() > 1 {
+        return rows_of(wide(dtype), tokens);
+    }
     KvRows::from_fn(wide(dtype), tokens.len(), |l, p, i, v| {
         tokens[p] as f32 * 0.5 + l as f32 * 1000.0 + i as f32 + if v { 0.25 } else { 0.0 }
     })

@@ -56,7 +56,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const ATTN_SPAN: usize = 256;
 
 /// Random access to the K and V rows of one layer. A row holds all KV heads of one position
-/// (`kv_heads * head_dim` values).
+/// (`kv_heads * head_dim` values, in `kv_heads * head_dim / Elem::GROUP` elements).
 ///
 /// Rows are stored as [`RowSource::Elem`] and widened to `f32` (exactly) as the kernel reads
 /// them: the arithmetic below runs on the stored values, whatever their type.
@@ -150,6 +150,10 @@ fn attend_on<S: RowSource>(
 ) {
     let per_q = g.q_heads * g.head_dim;
     assert!(g.head_dim <= MAX_HEAD_DIM && g.head_dim > 0, "head_dim");
+    assert!(
+        g.head_dim.is_multiple_of(S::Elem::GROUP),
+        "a head is whole groups of the stored type"
+    );
     assert!(g.kv_heads > 0 && g.q_heads.is_multiple_of(g.kv_heads));
     assert_eq!(q.len(), out.len());
     assert!(q.len().is_multiple_of(per_q));
@@ -452,8 +456,9 @@ mod x86;
 /// fold's own loads make, while further ahead they only displace lines still in use.
 const PREFETCH_BLOCKS: usize = 0;
 
-/// Prefetches the slice `off..off + len` (the item's KV heads) of the first [`ATTN_BLOCK`]
-/// K and V rows of a run (fewer if the run is shorter), one hint per cache line. A hint
+/// Prefetches the elements `off..off + len` (the item's KV heads) of the first
+/// [`ATTN_BLOCK`] K and V rows (`row` elements each) of a run (fewer if the run is
+/// shorter), one hint per cache line. A hint
 /// only: no result depends on it.
 #[inline(always)]
 fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, len: usize) {
@@ -506,7 +511,8 @@ unsafe fn item<S: RowSource, const F16C: bool>(
 ) {
     let g = it.g;
     let hd = g.head_dim;
-    let row = g.kv_heads * hd;
+    // Rows and heads in stored elements (a quantized element holds a group of values).
+    let (row, hde) = (g.kv_heads * hd / S::Elem::GROUP, hd / S::Elem::GROUP);
     // The item's query heads: `nvk` for each of its KV heads, KV head by KV head.
     let (nt, nvk) = (it.len(), it.vectors.len());
     // Each query head's position and where its q and out rows start, worked out once (the
@@ -560,7 +566,7 @@ unsafe fn item<S: RowSource, const F16C: bool>(
         let ahead = start + PREFETCH_BLOCKS * ATTN_BLOCK;
         if ahead + ATTN_BLOCK <= last + 1 {
             if let Some((ks, vs)) = src.run(ahead) {
-                prefetch_rows(ks, vs, row, it.kvh * hd, it.heads * hd);
+                prefetch_rows(ks, vs, row, it.kvh * hde, it.heads * hde);
             }
         }
         let run = src.run(start).filter(|(ks, _)| ks.len() >= nb * row);
@@ -575,7 +581,7 @@ unsafe fn item<S: RowSource, const F16C: bool>(
         // done in registers ([`x86::block_fused`]).
         let whole = fused && active < nvk && pos_of(active) >= start + ATTN_BLOCK - 1;
         for band in (0..it.heads).filter(|_| active < nvk) {
-            let off = (it.kvh + band) * hd;
+            let off = (it.kvh + band) * hde;
             // A whole block folded in registers ([`x86::block_fused`]) by the group of query
             // heads from `active` (query head `t0 + r`: its softmax state and accumulator),
             // reading the rows through `$k` and `$v`.
@@ -619,10 +625,10 @@ unsafe fn item<S: RowSource, const F16C: bool>(
             let mut krows: [&[S::Elem]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
             for j in 0..nb {
                 (krows[j], vrows[j]) = match run {
-                    Some((ks, vs)) => (&ks[j * row + off..][..hd], &vs[j * row + off..][..hd]),
+                    Some((ks, vs)) => (&ks[j * row + off..][..hde], &vs[j * row + off..][..hde]),
                     None => (
-                        &src.k_row(start + j)[off..off + hd],
-                        &src.v_row(start + j)[off..off + hd],
+                        &src.k_row(start + j)[off..off + hde],
+                        &src.v_row(start + j)[off..off + hde],
                     ),
                 };
                 if !whole && S::Elem::as_f32(vrows[j]).is_none() {

@@ -1,12 +1,19 @@
 //! The element types K/V rows are stored in ([`KvDtype`], [`KvElem`]): `f32`, IEEE half
-//! (`f16`) and bfloat16 (`bf16`).
+//! (`f16`), bfloat16 (`bf16`), and groups of 32 values quantized to 8 bits ([`Q8Group`],
+//! ggml's `q8_0`) or 4 bits ([`Q4Group`], ggml's `q4_1`).
 //!
-//! A value is rounded once, when a row is stored ([`KvElem::from_f32`]: round to nearest
-//! even; `f16` saturates at ±65504 instead of overflowing to infinity, so an outlier can
-//! never turn a softmax into NaN), and widened exactly wherever it is read
-//! ([`KvElem::widen`]): every reader sees the same `f32` values, so attention over stored
-//! 16-bit rows gives the same bits on every path that reads them, and the same bits as
-//! attention over `f32` rows holding the rounded values.
+//! A value is rounded once, when a row is stored ([`KvElem::narrow`]: round to nearest
+//! even for the float types, `f16` saturating at ±65504 instead of overflowing to infinity,
+//! so an outlier can never turn a softmax into NaN; a quantized group computes its scale
+//! from the group's own values, so a row's stored form depends on that row alone), and
+//! widened exactly wherever it is read ([`KvElem::widen`]: a quantized value is `q × d`
+//! or `q × d + m` in one rounding, which every reader computes alike): every reader sees
+//! the same `f32` values, so attention over stored rows gives the same bits on every path
+//! that reads them, and the same bits as attention over `f32` rows holding those values.
+//!
+//! Rows are stored as whole elements: a quantized row of `n` values is `n / 32` groups, so
+//! a cache of a quantized type needs rows (and heads) of a multiple of 32 values
+//! ([`KvDtype::group`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,25 +28,111 @@ pub enum KvDtype {
     F16,
     /// bfloat16: `f32`'s range, 8-bit significand.
     Bf16,
+    /// Groups of 32 values as 8-bit integers times one `f16` scale ([`Q8Group`]): 34 bytes
+    /// per 32 values.
+    Q8,
+    /// Groups of 32 values as 4-bit integers times a scale plus an offset, both `f16`
+    /// ([`Q4Group`]): 20 bytes per 32 values.
+    Q4,
 }
 
 impl KvDtype {
-    pub const ALL: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+    pub const ALL: [KvDtype; 5] = [
+        KvDtype::F32,
+        KvDtype::F16,
+        KvDtype::Bf16,
+        KvDtype::Q8,
+        KvDtype::Q4,
+    ];
 
-    /// Bytes per value.
-    pub fn size(self) -> usize {
+    /// Values one stored element holds: 1 for the float types, a group's 32 for the
+    /// quantized ones. Rows and heads of a cache hold a multiple of it.
+    pub fn group(self) -> usize {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 | KvDtype::Bf16 => 2,
+            KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 1,
+            KvDtype::Q8 | KvDtype::Q4 => GROUP,
         }
     }
 
-    /// The name flags and logs use: `f32`, `f16`, `bf16`.
+    /// Bytes of one stored element ([`KvDtype::group`] values).
+    pub fn element_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::Bf16 => 2,
+            KvDtype::Q8 => std::mem::size_of::<Q8Group>(),
+            KvDtype::Q4 => std::mem::size_of::<Q4Group>(),
+        }
+    }
+
+    /// Bytes `values` values take when stored: a whole number of elements.
+    ///
+    /// # Panics
+    /// If `values` is not a multiple of [`KvDtype::group`].
+    pub fn bytes(self, values: usize) -> usize {
+        assert!(
+            values.is_multiple_of(self.group()),
+            "{values} values are not whole groups of {self}"
+        );
+        values / self.group() * self.element_bytes()
+    }
+
+    /// Whether values are stored as integers with a group scale (`q8`, `q4`).
+    pub fn is_quantized(self) -> bool {
+        self.group() > 1
+    }
+
+    /// The name flags and logs use: `f32`, `f16`, `bf16`, `q8`, `q4`.
     pub fn as_str(self) -> &'static str {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
             KvDtype::Bf16 => "bf16",
+            KvDtype::Q8 => "q8",
+            KvDtype::Q4 => "q4",
+        }
+    }
+
+    /// The stored bytes of `values` (a whole number of groups), rounded as a cache of this
+    /// type rounds a row it is given.
+    pub fn encode(self, values: &[f32]) -> Vec<u8> {
+        fn enc<E: KvElem>(values: &[f32]) -> Vec<u8> {
+            let mut out = vec![E::default(); values.len() / E::GROUP];
+            E::narrow(values, &mut out);
+            bytemuck::cast_slice(&out).to_vec()
+        }
+        assert!(values.len().is_multiple_of(self.group()), "whole groups");
+        match self {
+            KvDtype::F32 => enc::<f32>(values),
+            KvDtype::F16 => enc::<half::f16>(values),
+            KvDtype::Bf16 => enc::<half::bf16>(values),
+            KvDtype::Q8 => enc::<Q8Group>(values),
+            KvDtype::Q4 => enc::<Q4Group>(values),
+        }
+    }
+
+    /// The values stored `bytes` hold, widened exactly; `None` if `bytes` is not a whole
+    /// number of elements.
+    pub fn decode(self, bytes: &[u8]) -> Option<Vec<f32>> {
+        fn dec<E: KvElem>(bytes: &[u8]) -> Option<Vec<f32>> {
+            let size = std::mem::size_of::<E>();
+            if !bytes.len().is_multiple_of(size) {
+                return None;
+            }
+            // The bytes may not be aligned for `E`: read each element by value.
+            let elems: Vec<E> = bytes
+                .chunks_exact(size)
+                .map(bytemuck::pod_read_unaligned)
+                .collect();
+            let mut out = vec![0f32; elems.len() * E::GROUP];
+            E::widen(&elems, &mut out);
+            Some(out)
+        }
+        match self {
+            KvDtype::F32 => dec::<f32>(bytes),
+            KvDtype::F16 => dec::<half::f16>(bytes),
+            KvDtype::Bf16 => dec::<half::bf16>(bytes),
+            KvDtype::Q8 => dec::<Q8Group>(bytes),
+            KvDtype::Q4 => dec::<Q4Group>(bytes),
         }
     }
 }
@@ -52,7 +145,7 @@ impl fmt::Display for KvDtype {
 
 /// A name that is not one of [`KvDtype::as_str`]'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown K/V element type {0:?} (expected f32, f16 or bf16)")]
+#[error("unknown K/V element type {0:?} (expected f32, f16, bf16, q8 or q4)")]
 pub struct UnknownDtype(pub String);
 
 impl FromStr for KvDtype {
@@ -66,26 +159,23 @@ impl FromStr for KvDtype {
     }
 }
 
-/// An element type K/V rows can be stored in.
+/// An element type K/V rows can be stored in: one value ([`FloatElem`]) or a quantized
+/// group of [`KvElem::GROUP`] values.
 ///
 /// `bytemuck::Pod`: a cache lends its storage as bytes ([`bytemuck::cast_slice_mut`]), which
 /// is how an SSD restore reads rows straight into it.
 pub trait KvElem: bytemuck::Pod + Default + Send + Sync + fmt::Debug + 'static {
     const DTYPE: KvDtype;
+    /// Values one element holds.
+    const GROUP: usize = 1;
 
-    /// The stored value for `x`: the one rounding a value goes through.
-    fn from_f32(x: f32) -> Self;
+    /// `dst` holds `src` (`dst.len() × GROUP` values) as stored: the one rounding a value
+    /// goes through.
+    fn narrow(src: &[f32], dst: &mut [Self]);
 
-    /// The value, exactly.
-    fn to_f32(self) -> f32;
-
-    /// `dst[i] = src[i].to_f32()`, on the instructions this CPU has.
-    #[inline]
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.to_f32();
-        }
-    }
+    /// `dst[..src.len() × GROUP]` = the values `src` holds, exactly, on the instructions
+    /// this CPU has.
+    fn widen(src: &[Self], dst: &mut [f32]);
 
     /// [`KvElem::widen`] for a caller compiled with AVX2 and F16C.
     ///
@@ -105,9 +195,44 @@ pub trait KvElem: bytemuck::Pod + Default + Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// An element type that holds one value.
+pub trait FloatElem: KvElem {
+    /// The stored value for `x`: the one rounding a value goes through.
+    fn from_f32(x: f32) -> Self;
+
+    /// The value, exactly.
+    fn to_f32(self) -> f32;
+}
+
+/// Narrowing one value at a time, for the float types.
+#[inline]
+fn narrow_each<E: FloatElem>(src: &[f32], dst: &mut [E]) {
+    debug_assert_eq!(src.len(), dst.len());
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = E::from_f32(s);
+    }
+}
+
 impl KvElem for f32 {
     const DTYPE: KvDtype = KvDtype::F32;
 
+    #[inline]
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[inline]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        dst[..src.len()].copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn as_f32(rows: &[Self]) -> Option<&[f32]> {
+        Some(rows)
+    }
+}
+
+impl FloatElem for f32 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         x
@@ -117,33 +242,14 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
-
-    #[inline]
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-
-    #[inline(always)]
-    fn as_f32(rows: &[Self]) -> Option<&[f32]> {
-        Some(rows)
-    }
 }
-
-/// The largest finite half.
-const F16_MAX: f32 = 65504.0;
 
 impl KvElem for half::f16 {
     const DTYPE: KvDtype = KvDtype::F16;
 
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        // `clamp` keeps NaN a NaN.
-        half::f16::from_f32(x.clamp(-F16_MAX, F16_MAX))
-    }
-
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
+    #[inline]
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        narrow_each(src, dst)
     }
 
     #[inline]
@@ -165,9 +271,36 @@ impl KvElem for half::f16 {
     }
 }
 
+impl FloatElem for half::f16 {
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        // `clamp` keeps NaN a NaN.
+        half::f16::from_f32(x.clamp(-F16_MAX, F16_MAX))
+    }
+
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
 impl KvElem for half::bf16 {
     const DTYPE: KvDtype = KvDtype::Bf16;
 
+    #[inline]
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        narrow_each(src, dst)
+    }
+
+    #[inline]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = FloatElem::to_f32(*s);
+        }
+    }
+}
+
+impl FloatElem for half::bf16 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         half::bf16::from_f32(x)
@@ -221,12 +354,94 @@ unsafe fn widen_f16_f16c(src: &[half::f16], dst: &mut [f32]) {
     }
 }
 
-/// `dst[i] = E::from_f32(src[i])`.
-#[inline]
-pub fn narrow<E: KvElem>(src: &[f32], dst: &mut [E]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = E::from_f32(s);
+pub(crate) mod groups;
+use groups::F16_MAX;
+#[cfg(target_arch = "x86_64")]
+use groups::{widen_q4_avx2, widen_q8_avx2};
+pub use groups::{Q4Group, Q8Group, GROUP};
+
+impl KvElem for Q8Group {
+    const DTYPE: KvDtype = KvDtype::Q8;
+    const GROUP: usize = GROUP;
+
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        debug_assert_eq!(src.len(), dst.len() * GROUP);
+        for (g, x) in dst.iter_mut().zip(src.chunks_exact(GROUP)) {
+            *g = Q8Group::quantize(x);
+        }
     }
+
+    #[inline]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_f16c() {
+            // SAFETY: checked just above.
+            return unsafe { widen_q8_detected(src, dst) };
+        }
+        for (g, out) in src.iter().zip(dst.chunks_exact_mut(GROUP)) {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = g.value(j);
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn widen_f16c(src: &[Self], dst: &mut [f32]) {
+        widen_q8_avx2(src, dst)
+    }
+}
+
+impl KvElem for Q4Group {
+    const DTYPE: KvDtype = KvDtype::Q4;
+    const GROUP: usize = GROUP;
+
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        debug_assert_eq!(src.len(), dst.len() * GROUP);
+        for (g, x) in dst.iter_mut().zip(src.chunks_exact(GROUP)) {
+            *g = Q4Group::quantize(x);
+        }
+    }
+
+    #[inline]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_f16c() && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: checked just above.
+            return unsafe { widen_q4_detected(src, dst) };
+        }
+        for (g, out) in src.iter().zip(dst.chunks_exact_mut(GROUP)) {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = g.value(j);
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn widen_f16c(src: &[Self], dst: &mut [f32]) {
+        widen_q4_avx2(src, dst)
+    }
+}
+
+/// [`widen_q8_avx2`] compiled for AVX2 and F16C.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_q8_detected(src: &[Q8Group], dst: &mut [f32]) {
+    widen_q8_avx2(src, dst)
+}
+
+/// [`widen_q4_avx2`] compiled for AVX2, FMA and F16C.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_q4_detected(src: &[Q4Group], dst: &mut [f32]) {
+    widen_q4_avx2(src, dst)
 }
 
 #[cfg(test)]
@@ -241,12 +456,14 @@ mod tests {
             assert_eq!(d.to_string(), d.as_str());
         }
         assert_eq!("F16".parse::<KvDtype>(), Ok(KvDtype::F16));
-        assert!("q8".parse::<KvDtype>().is_err());
+        assert_eq!("Q8".parse::<KvDtype>(), Ok(KvDtype::Q8));
+        assert!("q8_0".parse::<KvDtype>().is_err());
         assert_eq!(
-            KvDtype::ALL.map(KvDtype::size),
-            [4, 2, 2],
-            "bytes per value"
+            KvDtype::ALL.map(|d| d.bytes(64)),
+            [256, 128, 128, 68, 40],
+            "bytes of 64 values"
         );
+        assert_eq!(KvDtype::ALL.map(KvDtype::group), [1, 1, 1, 32, 32]);
     }
 
     #[test]
@@ -257,15 +474,15 @@ mod tests {
             "tie to even"
         );
         assert_eq!(
-            <f16 as KvElem>::from_f32(1.0e6).to_f32(),
+            <f16 as FloatElem>::from_f32(1.0e6).to_f32(),
             65504.0,
             "saturated, not infinite"
         );
-        assert_eq!(<f16 as KvElem>::from_f32(-1.0e6).to_f32(), -65504.0);
-        assert!(<f16 as KvElem>::from_f32(f32::NAN).to_f32().is_nan());
+        assert_eq!(<f16 as FloatElem>::from_f32(-1.0e6).to_f32(), -65504.0);
+        assert!(<f16 as FloatElem>::from_f32(f32::NAN).to_f32().is_nan());
         // bf16 keeps f32's range.
         assert_eq!(
-            <bf16 as KvElem>::from_f32(1.0e30).to_f32(),
+            <bf16 as FloatElem>::from_f32(1.0e30).to_f32(),
             bf16::from_f32(1.0e30).to_f32()
         );
     }
@@ -298,10 +515,10 @@ mod tests {
     #[test]
     fn a_stored_value_widens_back_to_itself() {
         for x in [0.0f32, -0.0, 1.5, -3.25e-3, 1234.567, 7.0e-8] {
-            let h = <f16 as KvElem>::from_f32(x);
-            assert_eq!(<f16 as KvElem>::from_f32(h.to_f32()), h);
-            let b = <bf16 as KvElem>::from_f32(x);
-            assert_eq!(<bf16 as KvElem>::from_f32(b.to_f32()), b);
+            let h = <f16 as FloatElem>::from_f32(x);
+            assert_eq!(<f16 as FloatElem>::from_f32(h.to_f32()), h);
+            let b = <bf16 as FloatElem>::from_f32(x);
+            assert_eq!(<bf16 as FloatElem>::from_f32(b.to_f32()), b);
         }
     }
 }

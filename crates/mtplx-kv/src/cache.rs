@@ -39,7 +39,7 @@ pub trait KvView: Send + Sync {
         v: &mut [f32],
     ) -> Result<(), KvError>;
     /// Copies rows `range` of `layer` into `k` and `v` as stored: the bytes of
-    /// [`KvView::dtype`] values (`range.len() * row_len * dtype.size()` each), what the SSD
+    /// [`KvView::dtype`] values (`range.len() * dtype.bytes(row_len)` each), what the SSD
     /// tier writes and [`KvCache::append_in_place`] lends back.
     fn read_raw(
         &self,
@@ -52,7 +52,7 @@ pub trait KvView: Send + Sync {
     /// [`KvView::dtype`].
     fn logical_bytes(&self) -> usize {
         let shape = self.shape();
-        let per_row = 2 * shape.row_len() * self.dtype().size();
+        let per_row = 2 * self.dtype().bytes(shape.row_len());
         (0..shape.layers).map(|l| self.layer_len(l) * per_row).sum()
     }
     /// Bytes of every live buffer this view references, shared ones included.
@@ -99,8 +99,27 @@ pub trait KvView: Send + Sync {
 /// `n` positions of that layer.
 pub trait KvCache: KvView {
     /// Appends `k.len() / row_len` positions to `layer`, each value rounded to
-    /// [`KvView::dtype`] once ([`crate::KvElem::from_f32`]).
+    /// [`KvView::dtype`] once ([`crate::KvElem::narrow`]).
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError>;
+
+    /// Appends rows given as the stored bytes of [`KvView::dtype`] (what
+    /// [`KvView::read_raw`] gives, at any alignment), kept exactly: a restore of stored rows
+    /// never rounds them again.
+    ///
+    /// The default widens them (exactly) and calls [`KvCache::append`], which stores the
+    /// same values again for a float type; every host layout overrides it with a copy,
+    /// which quantized types need.
+    fn append_stored(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        let dtype = self.dtype();
+        let widen = |what, bytes: &[u8]| {
+            dtype.decode(bytes).ok_or(KvError::RaggedRows {
+                what,
+                got: bytes.len(),
+                row_len: dtype.element_bytes(),
+            })
+        };
+        self.append(layer, &widen("K", k)?, &widen("V", v)?)
+    }
 
     /// Appends `n` zeroed positions to every layer and lends their storage, to be filled in
     /// place: one [`LentLayer`] per layer, in layer order, whose pieces cover exactly the

@@ -1,5 +1,7 @@
 //! Argument checks every layout shares, so all layouts fail the same way on bad input.
 
+use std::ops::Range;
+
 use crate::{KvElem, KvError, KvShape};
 use mtplx_kernels::attention::{AttnGeometry, MAX_HEAD_DIM};
 
@@ -11,17 +13,64 @@ pub(crate) fn check_rows(what: &'static str, got: usize, row_len: usize) -> Resu
     Ok(got / row_len)
 }
 
-/// The number of rows an append of `k` and `v` brings to `layer`.
-pub(crate) fn append_rows(
+/// Rows arriving to be appended: `f32` values, rounded once to the stored type
+/// ([`crate::KvCache::append`]), or stored bytes, kept as they are
+/// ([`crate::KvCache::append_stored`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Incoming<'a> {
+    Values(&'a [f32]),
+    Stored(&'a [u8]),
+}
+
+impl Incoming<'_> {
+    /// Units (values or bytes) one row of `shape` takes here when stored as `E`.
+    fn per_row<E: KvElem>(self, shape: KvShape) -> usize {
+        match self {
+            Incoming::Values(_) => shape.row_len(),
+            Incoming::Stored(_) => E::DTYPE.bytes(shape.row_len()),
+        }
+    }
+
+    fn units(self) -> usize {
+        match self {
+            Incoming::Values(x) => x.len(),
+            Incoming::Stored(b) => b.len(),
+        }
+    }
+
+    /// Writes rows `rows` of the incoming ones (rows of `shape`) into `dst`, which holds
+    /// exactly their elements.
+    #[inline]
+    pub(crate) fn write<E: KvElem>(self, shape: KvShape, rows: Range<usize>, dst: &mut [E]) {
+        let per = self.per_row::<E>(shape);
+        let span = rows.start * per..rows.end * per;
+        match self {
+            Incoming::Values(x) => E::narrow(&x[span], dst),
+            Incoming::Stored(b) => bytemuck::cast_slice_mut::<E, u8>(dst).copy_from_slice(&b[span]),
+        }
+    }
+
+    /// `dst` extended by rows `rows` of the incoming ones.
+    #[inline]
+    pub(crate) fn extend<E: KvElem>(self, shape: KvShape, rows: Range<usize>, dst: &mut Vec<E>) {
+        let at = dst.len();
+        dst.resize(at + rows.len() * row_elems::<E>(shape), E::default());
+        self.write(shape, rows, &mut dst[at..]);
+    }
+}
+
+/// The number of rows an append of `k` and `v` (both values, or both stored bytes of `E`)
+/// brings to `layer`.
+pub(crate) fn append_rows<E: KvElem>(
     shape: KvShape,
     layer: usize,
-    k: &[f32],
-    v: &[f32],
+    k: Incoming<'_>,
+    v: Incoming<'_>,
 ) -> Result<usize, KvError> {
     check_layer(shape, layer)?;
-    let row = shape.row_len();
-    let nk = check_rows("K", k.len(), row)?;
-    let nv = check_rows("V", v.len(), row)?;
+    let row = k.per_row::<E>(shape);
+    let nk = check_rows("K", k.units(), row)?;
+    let nv = check_rows("V", v.units(), row)?;
     if nk != nv {
         return Err(KvError::KvRowMismatch { k: nk, v: nv });
     }
@@ -75,15 +124,14 @@ pub(crate) fn attend_geometry(
     })
 }
 
-/// Validates a `read_rows` (`T = f32`) or `read_raw` (`T = u8`, `unit` bytes a value) call
-/// over a layer of `len` positions.
+/// Validates a `read_rows` (`T = f32`, `per_row` the row's values) or `read_raw` (`T = u8`,
+/// `per_row` the row's stored bytes) call over a layer of `len` positions.
 pub(crate) fn read_range<T>(
-    shape: KvShape,
     len: usize,
     range: &std::ops::Range<usize>,
     k: &[T],
     v: &[T],
-    unit: usize,
+    per_row: usize,
 ) -> Result<(), KvError> {
     if range.end > len || range.start > range.end {
         return Err(KvError::RowsOutOfRange {
@@ -92,7 +140,7 @@ pub(crate) fn read_range<T>(
             len,
         });
     }
-    let n = range.len() * shape.row_len() * unit;
+    let n = range.len() * per_row;
     if k.len() != n || v.len() != n {
         return Err(KvError::OutputSize {
             got: k.len().min(v.len()),
@@ -103,22 +151,24 @@ pub(crate) fn read_range<T>(
 }
 
 /// Copies stored rows out: widened to `f32` (`read_rows`), or as their bytes (`read_raw`).
+/// `at` counts elements of `E` from the first row read.
 pub(crate) trait RowsOut {
     fn put<E: KvElem>(&mut self, at: usize, k: &[E], v: &[E]);
 }
 
-/// `read_rows`'s destination: rows from value `at` on, widened.
+/// `read_rows`'s destination: rows from element `at` on, widened.
 pub(crate) struct Wide<'a>(pub &'a mut [f32], pub &'a mut [f32]);
 
 impl RowsOut for Wide<'_> {
     #[inline]
     fn put<E: KvElem>(&mut self, at: usize, k: &[E], v: &[E]) {
-        E::widen(k, &mut self.0[at..at + k.len()]);
-        E::widen(v, &mut self.1[at..at + v.len()]);
+        let (at, kn, vn) = (at * E::GROUP, k.len() * E::GROUP, v.len() * E::GROUP);
+        E::widen(k, &mut self.0[at..at + kn]);
+        E::widen(v, &mut self.1[at..at + vn]);
     }
 }
 
-/// `read_raw`'s destination: rows from value `at` on, as stored bytes.
+/// `read_raw`'s destination: rows from element `at` on, as stored bytes.
 pub(crate) struct Raw<'a>(pub &'a mut [u8], pub &'a mut [u8]);
 
 impl RowsOut for Raw<'_> {
@@ -131,10 +181,10 @@ impl RowsOut for Raw<'_> {
     }
 }
 
-/// `dst` extended by `src`, each value rounded to `E` once.
+/// Elements of `E` in one K (or V) row of `shape` (its values, or their groups).
 #[inline]
-pub(crate) fn extend_narrowed<E: KvElem>(dst: &mut Vec<E>, src: &[f32]) {
-    dst.extend(src.iter().map(|&x| E::from_f32(x)));
+pub(crate) fn row_elems<E: KvElem>(shape: KvShape) -> usize {
+    shape.row_len() / E::GROUP
 }
 
 /// `n` zeros, from the allocator's zeroed pages (no memset).

@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::check::{
-    append_rows, attend_geometry, bytes_mut, check_layer, extend_narrowed, read_range, zeroed, Raw,
-    RowsOut, Wide,
+    append_rows, attend_geometry, bytes_mut, check_layer, read_range, row_elems, zeroed, Incoming,
+    Raw, RowsOut, Wide,
 };
 use crate::{
     BufferId, KvCache, KvDtype, KvElem, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
@@ -110,7 +110,7 @@ impl<E: KvElem> Contiguous<E> {
 
     /// A copy holding exactly the live rows, with no spare capacity.
     fn compact(&self) -> Contiguous<E> {
-        let row = self.shape.row_len();
+        let row = row_elems::<E>(self.shape);
         let layers = self
             .layers
             .iter()
@@ -127,6 +127,23 @@ impl<E: KvElem> Contiguous<E> {
         }
     }
 
+    /// [`KvCache::append`] and [`KvCache::append_stored`].
+    fn append_incoming(
+        &mut self,
+        layer: usize,
+        k: Incoming<'_>,
+        v: Incoming<'_>,
+    ) -> Result<(), KvError> {
+        let n = append_rows::<E>(self.shape, layer, k, v)?;
+        let (row, chunk) = (row_elems::<E>(self.shape), self.chunk_tokens);
+        let rows = &mut self.layers[layer];
+        rows.make_room(n, row, chunk);
+        k.extend(self.shape, 0..n, &mut rows.k);
+        v.extend(self.shape, 0..n, &mut rows.v);
+        rows.len += n;
+        Ok(())
+    }
+
     /// Rows `range` of `layer`, checked, into `out`.
     fn read_into(
         &self,
@@ -135,7 +152,7 @@ impl<E: KvElem> Contiguous<E> {
         mut out: impl RowsOut,
     ) -> Result<(), KvError> {
         let rows = self.layer(layer)?;
-        let row = self.shape.row_len();
+        let row = row_elems::<E>(self.shape);
         let span = range.start * row..range.end * row;
         out.put(0, &rows.k[span.clone()], &rows.v[span]);
         Ok(())
@@ -166,7 +183,7 @@ impl<E: KvElem> KvView for Contiguous<E> {
         k: &mut [f32],
         v: &mut [f32],
     ) -> Result<(), KvError> {
-        read_range(self.shape, self.layer(layer)?.len, &range, k, v, 1)?;
+        read_range(self.layer(layer)?.len, &range, k, v, self.shape.row_len())?;
         self.read_into(layer, range, Wide(k, v))
     }
 
@@ -178,7 +195,7 @@ impl<E: KvElem> KvView for Contiguous<E> {
         v: &mut [u8],
     ) -> Result<(), KvError> {
         let len = self.layer(layer)?.len;
-        read_range(self.shape, len, &range, k, v, size_of::<E>())?;
+        read_range(len, &range, k, v, E::DTYPE.bytes(self.shape.row_len()))?;
         self.read_into(layer, range, Raw(k, v))
     }
 
@@ -205,19 +222,16 @@ impl<E: KvElem> KvView for Contiguous<E> {
 
 impl<E: KvElem> KvCache for Contiguous<E> {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
-        let n = append_rows(self.shape, layer, k, v)?;
-        let (row, chunk) = (self.shape.row_len(), self.chunk_tokens);
-        let rows = &mut self.layers[layer];
-        rows.make_room(n, row, chunk);
-        extend_narrowed(&mut rows.k, k);
-        extend_narrowed(&mut rows.v, v);
-        rows.len += n;
-        Ok(())
+        self.append_incoming(layer, Incoming::Values(k), Incoming::Values(v))
+    }
+
+    fn append_stored(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        self.append_incoming(layer, Incoming::Stored(k), Incoming::Stored(v))
     }
 
     /// One piece per layer: the new rows sit after the old ones in the layer's buffers.
     fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
-        let (row, chunk) = (self.shape.row_len(), self.chunk_tokens);
+        let (row, chunk) = (row_elems::<E>(self.shape), self.chunk_tokens);
         let lent = self
             .layers
             .iter_mut()
@@ -261,14 +275,14 @@ impl<E: KvElem> KvCache for Contiguous<E> {
         let g = attend_geometry(self.shape, rows.len, q, q_heads, scale, out)?;
         let src = LayerSource {
             rows,
-            row_len: self.shape.row_len(),
+            row_len: row_elems::<E>(self.shape),
         };
         attention::attend(&src, q, g, out);
         Ok(())
     }
 
     fn truncate(&mut self, len: usize) {
-        let row = self.shape.row_len();
+        let row = row_elems::<E>(self.shape);
         for l in &mut self.layers {
             if l.len > len {
                 l.len = len;
@@ -381,7 +395,7 @@ mod tests {
         );
         let (mut rk, mut rv) = ([0.0; 6], [0.0; 6]);
         c.read_rows(1, 0..3, &mut rk, &mut rv).unwrap();
-        let rounded = k.map(|x| <f16 as KvElem>::from_f32(x).to_f32());
+        let rounded = k.map(|x| <f16 as mtplx_kernels::elem::FloatElem>::from_f32(x).to_f32());
         assert_eq!(rk, rounded);
         assert_eq!(rk[2], 65504.0, "saturated");
         assert_ne!(rk[4], 0.1, "rounded once, when stored");
@@ -390,7 +404,7 @@ mod tests {
         c.read_raw(1, 0..3, &mut bk, &mut bv).unwrap();
         let halves: Vec<u8> = k
             .iter()
-            .flat_map(|&x| <f16 as KvElem>::from_f32(x).to_le_bytes())
+            .flat_map(|&x| <f16 as mtplx_kernels::elem::FloatElem>::from_f32(x).to_le_bytes())
             .collect();
         assert_eq!(&bk[..], &halves[..]);
         assert!(matches!(

@@ -43,6 +43,12 @@ pub enum KvError {
         cache: crate::KvDtype,
         source_dtype: crate::KvDtype,
     },
+    #[error("{dtype} K/V stores groups of {group} values, which heads of {head_dim} values do not divide into")]
+    HeadNotWholeGroups {
+        dtype: crate::KvDtype,
+        head_dim: usize,
+        group: usize,
+    },
     #[error("a device cache stores f32 K/V; {0} was asked for")]
     DeviceDtype(crate::KvDtype),
     /// A cache in an accelerator's memory failed to copy or compute.

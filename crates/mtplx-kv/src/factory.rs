@@ -125,12 +125,38 @@ impl CacheFactory {
         self.dtype
     }
 
+    /// Whether this factory can hold K/V of `shape`: a quantized element type needs heads
+    /// of whole groups ([`KvDtype::group`]) so that no group straddles two heads.
+    ///
+    /// # Errors
+    /// [`KvError::HeadNotWholeGroups`].
+    pub fn check_shape(&self, shape: KvShape) -> Result<(), KvError> {
+        let group = self.dtype.group();
+        if !shape.head_dim.is_multiple_of(group) {
+            return Err(KvError::HeadNotWholeGroups {
+                dtype: self.dtype,
+                head_dim: shape.head_dim,
+                group,
+            });
+        }
+        Ok(())
+    }
+
     /// An empty cache in this layout.
+    ///
+    /// # Panics
+    /// If [`CacheFactory::check_shape`] refuses `shape` (callers check a model's shape once,
+    /// when they choose the factory).
     pub fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
+        if let Err(e) = self.check_shape(shape) {
+            panic!("{e}");
+        }
         match self.dtype {
             KvDtype::F32 => self.build::<f32>(shape),
             KvDtype::F16 => self.build::<half::f16>(shape),
             KvDtype::Bf16 => self.build::<half::bf16>(shape),
+            KvDtype::Q8 => self.build::<mtplx_kernels::elem::Q8Group>(shape),
+            KvDtype::Q4 => self.build::<mtplx_kernels::elem::Q4Group>(shape),
         }
     }
 
@@ -317,6 +343,58 @@ mod tests {
             assert_eq!(back.dtype(), KvDtype::F32);
             back.read_rows(1, 0..3, &mut k, &mut v).unwrap();
             assert_eq!(k, rows.iter().map(|&x| half(x)).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn quantized_factories_take_heads_of_whole_groups_and_restore_across_types() {
+        let narrow = KvShape {
+            layers: 1,
+            kv_heads: 2,
+            head_dim: 16,
+        };
+        for dtype in [KvDtype::Q8, KvDtype::Q4] {
+            let f = CacheFactory::paged().with_dtype(dtype).unwrap();
+            assert_eq!(
+                f.check_shape(narrow),
+                Err(KvError::HeadNotWholeGroups {
+                    dtype,
+                    head_dim: 16,
+                    group: 32
+                })
+            );
+            let shape = KvShape {
+                head_dim: 64,
+                ..narrow
+            };
+            f.check_shape(shape).unwrap();
+            let rows: Vec<f32> = (0..3 * 128).map(|i| (i as f32 * 0.7).sin()).collect();
+            let mut wide = CacheFactory::contiguous().new_cache(shape);
+            wide.append(0, &rows, &rows).unwrap();
+            // f32 rows into the quantized factory: quantized once, group by group.
+            let q = f.restore(wide.as_ref(), 3).unwrap();
+            assert_eq!(
+                (q.dtype(), q.logical_bytes()),
+                (dtype, 3 * 2 * dtype.bytes(128))
+            );
+            let (mut k, mut v) = (vec![0f32; 3 * 128], vec![0f32; 3 * 128]);
+            q.read_rows(0, 0..3, &mut k, &mut v).unwrap();
+            assert_eq!(k, dtype.decode(&dtype.encode(&rows)).unwrap());
+            // Into the same type in another layout: the same bytes.
+            let again = CacheFactory::segmented()
+                .with_dtype(dtype)
+                .unwrap()
+                .restore(q.as_ref(), 3)
+                .unwrap();
+            let bytes = |c: &dyn KvCache| {
+                let (mut a, mut b) = (
+                    vec![0u8; dtype.bytes(3 * 128)],
+                    vec![0u8; dtype.bytes(3 * 128)],
+                );
+                c.read_raw(0, 0..3, &mut a, &mut b).unwrap();
+                (a, b)
+            };
+            assert_eq!(bytes(again.as_ref()), bytes(q.as_ref()));
         }
     }
 

@@ -37,8 +37,8 @@ impl LentPiece<'_> {
     pub fn fill<E: crate::KvElem>(&mut self, k: &[f32], v: &[f32]) {
         for (dst, src) in [(&mut *self.k, k), (&mut *self.v, v)] {
             let dst: &mut [E] = bytemuck::cast_slice_mut(dst);
-            assert_eq!(dst.len(), src.len(), "a piece's values");
-            mtplx_kernels::elem::narrow(src, dst);
+            assert_eq!(dst.len() * E::GROUP, src.len(), "a piece's values");
+            E::narrow(src, dst);
         }
     }
 }

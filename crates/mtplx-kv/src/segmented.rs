@@ -5,8 +5,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::check::{
-    append_rows, attend_geometry, bytes_mut, check_layer, extend_narrowed, read_range, zeroed, Raw,
-    RowsOut, Wide,
+    append_rows, attend_geometry, bytes_mut, check_layer, read_range, row_elems, zeroed, Incoming,
+    Raw, RowsOut, Wide,
 };
 use crate::{
     BufferId, KvCache, KvDtype, KvElem, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
@@ -239,9 +239,36 @@ impl<E: KvElem> Segmented<E> {
         self.layers.iter().flat_map(|l| l.segs.iter())
     }
 
+    /// [`KvCache::append`] and [`KvCache::append_stored`].
+    fn append_incoming(
+        &mut self,
+        layer: usize,
+        k: Incoming<'_>,
+        v: Incoming<'_>,
+    ) -> Result<(), KvError> {
+        let n = append_rows::<E>(self.shape, layer, k, v)?;
+        let (row, seg_tokens) = (row_elems::<E>(self.shape), self.segment_tokens);
+        let shape = self.shape;
+        let l = &mut self.layers[layer];
+        let mut done = 0;
+        while done < n {
+            let (s, room) = l.tail(seg_tokens, row, n - done, NewTail::Empty);
+            let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
+            let take = room.min(n - done);
+            let need = (s.len + take) * row;
+            rows.reserve_for(need, (s.len + room) * row);
+            k.extend(shape, done..done + take, &mut rows.k);
+            v.extend(shape, done..done + take, &mut rows.v);
+            s.len += take;
+            l.len += take;
+            done += take;
+        }
+        Ok(())
+    }
+
     /// Rows `range` of `l` (checked by the caller) into `out`, segment by segment.
     fn read_into(&self, l: &SegLayer<E>, range: Range<usize>, mut out: impl RowsOut) {
-        let row = self.shape.row_len();
+        let row = row_elems::<E>(self.shape);
         let first = l.segs.partition_point(|s| s.end() <= range.start);
         for s in &l.segs[first..] {
             if s.start >= range.end {
@@ -283,7 +310,7 @@ impl<E: KvElem> KvView for Segmented<E> {
         v: &mut [f32],
     ) -> Result<(), KvError> {
         let l = self.layer(layer)?;
-        read_range(self.shape, l.len, &range, k, v, 1)?;
+        read_range(l.len, &range, k, v, self.shape.row_len())?;
         self.read_into(l, range, Wide(k, v));
         Ok(())
     }
@@ -296,7 +323,7 @@ impl<E: KvElem> KvView for Segmented<E> {
         v: &mut [u8],
     ) -> Result<(), KvError> {
         let l = self.layer(layer)?;
-        read_range(self.shape, l.len, &range, k, v, size_of::<E>())?;
+        read_range(l.len, &range, k, v, E::DTYPE.bytes(self.shape.row_len()))?;
         self.read_into(l, range, Raw(k, v));
         Ok(())
     }
@@ -337,31 +364,18 @@ impl<E: KvElem> KvView for Segmented<E> {
 
 impl<E: KvElem> KvCache for Segmented<E> {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
-        let n = append_rows(self.shape, layer, k, v)?;
-        let (row, seg_tokens) = (self.shape.row_len(), self.segment_tokens);
-        let l = &mut self.layers[layer];
-        let mut done = 0;
-        while done < n {
-            let (s, room) = l.tail(seg_tokens, row, n - done, NewTail::Empty);
-            let rows = Arc::get_mut(&mut s.rows).expect("the tail is unique");
-            let take = room.min(n - done);
-            let need = (s.len + take) * row;
-            rows.reserve_for(need, (s.len + room) * row);
-            let src = done * row..(done + take) * row;
-            extend_narrowed(&mut rows.k, &k[src.clone()]);
-            extend_narrowed(&mut rows.v, &v[src]);
-            s.len += take;
-            l.len += take;
-            done += take;
-        }
-        Ok(())
+        self.append_incoming(layer, Incoming::Values(k), Incoming::Values(v))
+    }
+
+    fn append_stored(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        self.append_incoming(layer, Incoming::Stored(k), Incoming::Stored(v))
     }
 
     /// One piece per segment the new positions go to: the tail while this cache alone
     /// holds it and it has room, then new segments, sealed at the same boundaries as
     /// [`KvCache::append`] seals them.
     fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
-        let (row, seg_tokens) = (self.shape.row_len(), self.segment_tokens);
+        let (row, seg_tokens) = (row_elems::<E>(self.shape), self.segment_tokens);
         let lent = self
             .layers
             .iter_mut()
@@ -414,14 +428,14 @@ impl<E: KvElem> KvCache for Segmented<E> {
         let g = attend_geometry(self.shape, l.len, q, q_heads, scale, out)?;
         let src = SegSource {
             segs: &l.segs,
-            row_len: self.shape.row_len(),
+            row_len: row_elems::<E>(self.shape),
         };
         attention::attend(&src, q, g, out);
         Ok(())
     }
 
     fn truncate(&mut self, len: usize) {
-        let row = self.shape.row_len();
+        let row = row_elems::<E>(self.shape);
         for l in &mut self.layers {
             if l.len <= len {
                 continue;

@@ -18,7 +18,7 @@ impl KvShape {
 
     /// Bytes that one token costs across all layers, K and V, stored as `dtype`.
     pub fn bytes_per_token(&self, dtype: KvDtype) -> usize {
-        2 * self.layers * self.row_len() * dtype.size()
+        2 * self.layers * dtype.bytes(self.row_len())
     }
 }
 

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use mtplx_kv::{
-    bf16, f16, footprint, BlockPool, CacheFactory, KvCache, KvDtype, KvElem, KvShape, KvView,
-    Layout, LayoutKind, LentLayer,
+    footprint, BlockPool, CacheFactory, KvCache, KvDtype, KvShape, KvView, Layout, LayoutKind,
+    LentLayer,
 };
 use proptest::prelude::*;
 
@@ -41,26 +41,19 @@ impl Config {
         .map(|l| CacheFactory::from(l).with_dtype(self.dtype).unwrap())
     }
 
-    /// `x` as the caches store it.
+    /// `x` (whole rows) as the caches store it.
     fn stored(&self, x: &[f32]) -> Vec<f32> {
-        x.iter()
-            .map(|&x| match self.dtype {
-                KvDtype::F32 => x,
-                KvDtype::F16 => <f16 as KvElem>::from_f32(x).to_f32(),
-                KvDtype::Bf16 => <bf16 as KvElem>::from_f32(x).to_f32(),
-            })
-            .collect()
+        self.dtype.decode(&self.encoded(x)).unwrap()
     }
 
-    /// `x` as the bytes of stored values.
+    /// `x` (whole rows) as the bytes of stored values.
     fn encoded(&self, x: &[f32]) -> Vec<u8> {
-        x.iter()
-            .flat_map(|&x| match self.dtype {
-                KvDtype::F32 => x.to_le_bytes().to_vec(),
-                KvDtype::F16 => <f16 as KvElem>::from_f32(x).to_le_bytes().to_vec(),
-                KvDtype::Bf16 => <bf16 as KvElem>::from_f32(x).to_le_bytes().to_vec(),
-            })
-            .collect()
+        self.dtype.encode(x)
+    }
+
+    /// Bytes of `rows` stored rows.
+    fn row_bytes(&self, rows: usize) -> usize {
+        self.dtype.bytes(rows * self.shape.row_len())
     }
 }
 
@@ -86,6 +79,12 @@ fn config() -> impl Strategy<Value = Config> {
                 segment_tokens,
                 dtype,
             )| {
+                // A quantized type stores heads of whole groups of 32 values.
+                let head_dim = if dtype.is_quantized() {
+                    dtype.group() * (1 + head_dim / 8)
+                } else {
+                    head_dim
+                };
                 Config {
                     shape: KvShape {
                         layers,
@@ -104,10 +103,13 @@ fn config() -> impl Strategy<Value = Config> {
 
 #[derive(Debug, Clone)]
 enum Op {
+    /// `n` rows appended as values or (`stored`) as their stored bytes, at an odd address
+    /// ([`KvCache::append_stored`]).
     Append {
         seq: usize,
         n: usize,
         seed: u64,
+        stored: bool,
     },
     /// Like `Append`, but the rows are written into storage the cache lends
     /// ([`KvCache::append_in_place`]).
@@ -150,7 +152,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let seq = 0usize..MAX_SEQS;
     prop_oneof![
-        5 => (seq.clone(), 1usize..=40, any::<u64>()).prop_map(|(seq, n, seed)| Op::Append { seq, n, seed }),
+        5 => (seq.clone(), 1usize..=40, any::<u64>(), any::<bool>())
+            .prop_map(|(seq, n, seed, stored)| Op::Append { seq, n, seed, stored }),
         3 => (seq.clone(), 0usize..=40, any::<u64>()).prop_map(|(seq, n, seed)| Op::AppendInPlace { seq, n, seed }),
         2 => (seq.clone(), 0.0f64..1.2).prop_map(|(seq, keep)| Op::Trim { seq, keep }),
         2 => seq.clone().prop_map(|seq| Op::Snapshot { seq }),
@@ -258,8 +261,8 @@ fn check_rows(cfg: &Config, r: &Reference, view: &dyn KvView) -> Result<(), Test
             view.layout()
         );
         // As bytes: the stored values themselves.
-        let size = cfg.dtype.size();
-        let (mut kb, mut vb) = (vec![0u8; len * row * size], vec![0u8; len * row * size]);
+        let bytes = cfg.row_bytes(len);
+        let (mut kb, mut vb) = (vec![0u8; bytes], vec![0u8; bytes]);
         view.read_raw(layer, 0..len, &mut kb, &mut vb).unwrap();
         prop_assert!(kb == cfg.encoded(&r.k[layer]) && vb == cfg.encoded(&r.v[layer]));
     }
@@ -280,10 +283,7 @@ fn check_bytes(cfg: &Config, r: &Reference, view: &dyn KvView) -> Result<(), Tes
     if view.layout() == LayoutKind::Paged {
         let b = cfg.block_tokens;
         let blocks = cfg.shape.layers * len.div_ceil(b);
-        prop_assert_eq!(
-            view.physical_bytes(),
-            blocks * 2 * b * cfg.shape.row_len() * cfg.dtype.size()
-        );
+        prop_assert_eq!(view.physical_bytes(), blocks * 2 * cfg.row_bytes(b));
     }
     Ok(())
 }
@@ -368,14 +368,25 @@ fn run(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut snaps: Vec<Snap> = Vec::new();
     for (step, op) in ops.into_iter().enumerate() {
         match op {
-            Op::Append { seq, n, seed } => {
+            Op::Append {
+                seq,
+                n,
+                seed,
+                stored,
+            } => {
                 let at = seq % seqs.len();
                 let s = &mut seqs[at];
                 let mut rng = Rng::new(seed);
                 for layer in 0..layers {
                     let (k, v) = (rng.fill(n * row, 1.0), rng.fill(n * row, 1.0));
+                    // The stored bytes, one byte into a buffer: not aligned for the type.
+                    let odd = |x: &[f32]| [&[0u8][..], &cfg.encoded(x)].concat();
+                    let (kb, vb) = (odd(&k), odd(&v));
                     for c in &mut s.caches {
-                        c.append(layer, &k, &v).unwrap();
+                        match stored {
+                            true => c.append_stored(layer, &kb[1..], &vb[1..]).unwrap(),
+                            false => c.append(layer, &k, &v).unwrap(),
+                        }
                     }
                     s.reference.k[layer].extend(cfg.stored(&k));
                     s.reference.v[layer].extend(cfg.stored(&v));
@@ -394,7 +405,7 @@ fn run(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let lent = c.append_in_place(n).expect("every layout lends");
                     prop_assert_eq!(lent.len(), layers);
                     for (layer, (k, v)) in lent.into_iter().zip(&rows) {
-                        fill_lent(layer, start, n, row, &cfg.encoded(k), &cfg.encoded(v))
+                        fill_lent(layer, start, n, &cfg.encoded(k), &cfg.encoded(v))
                             .map_err(|e| TestCaseError::fail(format!("{layout:?}: {e}")))?;
                     }
                 }
@@ -513,17 +524,17 @@ fn fill_lent(
     layer: LentLayer<'_>,
     start: usize,
     n: usize,
-    row: usize,
     k: &[u8],
     v: &[u8],
 ) -> Result<(), String> {
     let mut at = start;
-    let size = k.len() / (n * row).max(1);
+    // Bytes per stored row (a quantized row is not a whole number of bytes per value).
+    let per_row = k.len().checked_div(n).unwrap_or(0);
     for p in layer.pieces {
         if p.positions.start != at || p.positions.end > start + n {
             return Err(format!("piece {:?} after position {at}", p.positions));
         }
-        let len = p.positions.len() * row * size;
+        let len = p.positions.len() * per_row;
         if p.k.len() != len || p.v.len() != len {
             return Err(format!(
                 "piece {:?} holds {} values",
@@ -534,7 +545,7 @@ fn fill_lent(
         if p.k.iter().chain(p.v.iter()).any(|x| *x != 0) {
             return Err(format!("piece {:?} is not zeroed", p.positions));
         }
-        let from = (at - start) * row * size;
+        let from = (at - start) * per_row;
         p.k.copy_from_slice(&k[from..from + len]);
         p.v.copy_from_slice(&v[from..from + len]);
         at = p.positions.end;
@@ -582,7 +593,7 @@ proptest! {
         let pool = BlockPool::new();
         let factories = cfg.factories(&pool);
         let row = cfg.shape.row_len();
-        let row_bytes = 2 * row * cfg.dtype.size() * cfg.shape.layers;
+        let row_bytes = 2 * cfg.row_bytes(1) * cfg.shape.layers;
         let mut rng = Rng::new(len as u64 * 31 + n as u64);
         for (i, f) in factories.iter().enumerate().skip(1) {
             let mut origin = f.new_cache(cfg.shape);
@@ -603,7 +614,7 @@ proptest! {
             if i == 1 {
                 let b = cfg.block_tokens;
                 let blocks = (len + n).div_ceil(b) - len / b;
-                let block = 2 * b * row * cfg.dtype.size();
+                let block = 2 * cfg.row_bytes(b);
                 prop_assert_eq!(grown, blocks * cfg.shape.layers * block);
             } else {
                 prop_assert!(grown >= n * row_bytes);

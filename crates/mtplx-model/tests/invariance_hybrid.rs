@@ -21,7 +21,11 @@ const EVERY: usize = 16;
 const DECODE: usize = 24;
 
 fn model() -> HybridModel {
-    let config = HybridConfig::tiny();
+    // Attention heads of 32 values: whole groups of the quantized K/V types.
+    let config = HybridConfig {
+        head_dim: 32,
+        ..HybridConfig::tiny()
+    };
     let m = HybridModel::new(config.clone(), &HybridWeights::random(&config, 5)).unwrap();
     assert!(m.is_batch_invariant());
     m

@@ -265,7 +265,7 @@ mod tests {
             let geometry = KvGeometry {
                 layers: 2,
                 kv_heads: 3,
-                head_dim: 4,
+                head_dim: 32,
                 dtype,
             };
             let hdr = |payload_len| BlobHeader {
@@ -295,9 +295,9 @@ mod tests {
                 dtype == KvDtype::F32
             );
             let mut unknown = bytes;
-            unknown[KV_DTYPE_AT] = 3;
-            assert_eq!(BlobHeader::decode(&unknown), Err(DecodeError::KvDtype(3)));
-            assert_eq!(BlobHeader::raw_kv_dtype(&unknown), Some(3));
+            unknown[KV_DTYPE_AT] = 5;
+            assert_eq!(BlobHeader::decode(&unknown), Err(DecodeError::KvDtype(5)));
+            assert_eq!(BlobHeader::raw_kv_dtype(&unknown), Some(5));
         }
         // A state header has no element type: the byte is reserved.
         let state = BlobHeader {

@@ -59,8 +59,35 @@ pub fn rows(tokens: &[u32]) -> KvRows {
     rows_of(GEOMETRY, tokens)
 }
 
-/// [`rows`] in another geometry (or element type).
+/// [`GEOMETRY`] storing `dtype`: heads of one group of a quantized type (32 values), else
+/// [`GEOMETRY`]'s.
+pub fn geometry_of(dtype: KvDtype) -> KvGeometry {
+    KvGeometry {
+        dtype,
+        head_dim: GEOMETRY.head_dim.max(dtype.group() as u32),
+        ..GEOMETRY
+    }
+}
+
+/// [`rows`] in another geometry (or element type). Rows of a quantized type are bytes made
+/// from the same inputs (the cold tier never reads them as values).
 pub fn rows_of(geometry: KvGeometry, tokens: &[u32]) -> KvRows {
+    if geometry.dtype.group() > 1 {
+        let layer = |l: usize, v: bool| -> Vec<u8> {
+            let row = geometry.row_bytes();
+            (0..tokens.len() * row)
+                .map(|i| (tokens[i / row] as usize * 7 + l * 31 + i % row + usize::from(v)) as u8)
+                .collect()
+        };
+        let layers = 0..geometry.layers as usize;
+        return KvRows {
+            geometry: Some(geometry),
+            k: layers.clone().map(|l| layer(l, false)).collect(),
+            v: layers.map(|l| layer(l, true)).collect(),
+            recurrent: None,
+            tail: None,
+        };
+    }
     KvRows::from_fn(geometry, tokens.len(), |l, p, i, v| {
         let t = tokens[p] as f32;
         t * 0.001 + l as f32 * 10.0 + i as f32 * 0.01 + if v { 0.5 } else { -0.5 } + p as f32
@@ -105,7 +132,7 @@ pub fn entry(tokens: &[u32]) -> SpillEntry {
 
 /// [`entry`] with rows of `dtype`, written under [`identity_of`] `dtype`.
 pub fn entry_of(dtype: KvDtype, tokens: &[u32]) -> SpillEntry {
-    let geometry = KvGeometry { dtype, ..GEOMETRY };
+    let geometry = geometry_of(dtype);
     SpillEntry {
         identity: identity_of(dtype),
         geometry,

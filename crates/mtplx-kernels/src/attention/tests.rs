@@ -198,7 +198,7 @@ fn spans_split_over_threads_give_the_unsplit_bits() {
     }
 }
 
-/// K and V rows of any element type, `row` values each, back to back (one run).
+/// K and V rows of any element type, `row` elements each, back to back (one run).
 struct Typed<E>(Vec<E>, Vec<E>, usize);
 impl<E: KvElem> RowSource for Typed<E> {
     type Elem = E;
@@ -213,17 +213,33 @@ impl<E: KvElem> RowSource for Typed<E> {
     }
 }
 
+/// `values` as stored in `E` (one rounding, as a cache stores a row).
+fn narrowed<E: KvElem>(values: &[f32]) -> Vec<E> {
+    let mut out = vec![E::default(); values.len() / E::GROUP];
+    E::narrow(values, &mut out);
+    out
+}
+
+/// The values `stored` holds.
+fn widened<E: KvElem>(stored: &[E]) -> Vec<f32> {
+    let mut out = vec![0f32; stored.len() * E::GROUP];
+    E::widen(stored, &mut out);
+    out
+}
+
+/// Stored rows of every element type (16-bit floats, quantized groups) give the bits of
+/// `f32` rows holding the values they widen to, on every instruction set.
 #[test]
-fn sixteen_bit_rows_give_the_bits_of_f32_rows_holding_their_values() {
+fn stored_rows_give_the_bits_of_f32_rows_holding_their_values() {
     fn check<E: KvElem>() {
         let (kv_heads, hd, n) = (3, 64, 600);
         let row = kv_heads * hd;
         let val = |i: usize, s: f32| ((i * 13) as f32 * s).sin() * 4.0;
-        let stored = |s: f32| -> Vec<E> { (0..n * row).map(|i| E::from_f32(val(i, s))).collect() };
+        let stored =
+            |s: f32| -> Vec<E> { narrowed(&(0..n * row).map(|i| val(i, s)).collect::<Vec<_>>()) };
         let (k, v) = (stored(0.31), stored(0.17));
-        let wide = |x: &[E]| -> Vec<f32> { x.iter().map(|e| e.to_f32()).collect() };
-        let typed = Typed(k.clone(), v.clone(), row);
-        let plain = Typed(wide(&k), wide(&v), row);
+        let typed = Typed(k.clone(), v.clone(), row / E::GROUP);
+        let plain = Typed(widened(&k), widened(&v), row);
         let g = AttnGeometry {
             q_heads: 9,
             kv_heads,
@@ -260,6 +276,8 @@ fn sixteen_bit_rows_give_the_bits_of_f32_rows_holding_their_values() {
     check::<f32>();
     check::<half::f16>();
     check::<half::bf16>();
+    check::<crate::elem::Q8Group>();
+    check::<crate::elem::Q4Group>();
 }
 
 #[test]
@@ -279,8 +297,9 @@ fn decode_steps_give_the_portable_bits_on_this_cpu() {
         let q_heads = kv_heads * group;
         // Scores spread enough that the running maximum moves within blocks and between.
         let val = |i: usize, s: f32| ((i * 13) as f32 * s).sin() * 3.0 + (i % 7) as f32 * 0.1;
-        let stored = |s: f32| -> Vec<E> { (0..n * row).map(|i| E::from_f32(val(i, s))).collect() };
-        let rows = Typed(stored(0.31), stored(0.17), row);
+        let stored =
+            |s: f32| -> Vec<E> { narrowed(&(0..n * row).map(|i| val(i, s)).collect::<Vec<_>>()) };
+        let rows = Typed(stored(0.31), stored(0.17), row / E::GROUP);
         for n_q in [1, 2] {
             // Mid-block, the last key of a block, the first of a span, deep in the last span.
             for last in [40, 47, ATTN_SPAN, n - 1] {
@@ -313,6 +332,10 @@ fn decode_steps_give_the_portable_bits_on_this_cpu() {
         check::<f32>(kv_heads, group, hd);
         check::<half::f16>(kv_heads, group, hd);
         check::<half::bf16>(kv_heads, group, hd);
+        if hd.is_multiple_of(crate::elem::GROUP) {
+            check::<crate::elem::Q8Group>(kv_heads, group, hd);
+            check::<crate::elem::Q4Group>(kv_heads, group, hd);
+        }
     }
 }
 

@@ -6,7 +6,8 @@ use std::arch::x86_64::*;
 /// Keys in a block: the kernel's `ATTN_BLOCK` (its key rows arrive as an array of this
 /// length, so the two cannot disagree and compile).
 const BLOCK: usize = 16;
-use crate::elem::{KvDtype, KvElem};
+use crate::elem::groups::{q4_load8, q8_load8};
+use crate::elem::{KvDtype, KvElem, Q4Group, Q8Group, GROUP};
 
 /// The rows of one key block for one KV head: where key `j`'s `head_dim` values start.
 pub(super) trait BlockRows<E> {
@@ -22,7 +23,7 @@ impl<E> BlockRows<E> for [&[E]; BLOCK] {
     }
 }
 
-/// A block inside one stored run: key `j`'s values start `j × stride` values after `base`
+/// A block inside one stored run: key `j`'s values start `j × stride` elements after `base`
 /// (no slice per key to build and check).
 #[derive(Clone, Copy)]
 pub(super) struct Strided<E> {
@@ -37,19 +38,21 @@ impl<E> BlockRows<E> for Strided<E> {
     }
 }
 
-/// 8 values of `row` from `d`, widened.
+/// Values `d..d + 8` of the row (or head) whose elements start at `row`, widened (`d` a
+/// multiple of 8, so a quantized group holds all eight).
 ///
 /// # Safety
-/// AVX2 and F16C are enabled in the caller; `row + d .. row + d + 8` are values of a row.
+/// AVX2, FMA and F16C are enabled in the caller; values `d .. d + 8` are in the row.
 #[inline(always)]
 unsafe fn load8<E: KvElem>(row: *const E, d: usize) -> __m256 {
-    let p = row.add(d);
     match E::DTYPE {
-        KvDtype::F32 => _mm256_loadu_ps(p as *const f32),
-        KvDtype::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        KvDtype::F32 => _mm256_loadu_ps(row.add(d) as *const f32),
+        KvDtype::F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.add(d) as *const __m128i)),
         KvDtype::Bf16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
-            _mm_loadu_si128(p as *const __m128i),
+            _mm_loadu_si128(row.add(d) as *const __m128i),
         ))),
+        KvDtype::Q8 => q8_load8((row as *const Q8Group).add(d / GROUP), d % GROUP),
+        KvDtype::Q4 => q4_load8((row as *const Q4Group).add(d / GROUP), d % GROUP),
     }
 }
 

@@ -4,19 +4,18 @@ mod pool;
 
 pub use pool::{BlockPool, PoolStats};
 
-use std::mem::size_of;
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::check::{
-    append_rows, attend_geometry, bytes_mut, check_layer, read_range, Raw, RowsOut, Wide,
+    append_rows, attend_geometry, bytes_mut, check_layer, read_range, row_elems, Incoming, Raw,
+    RowsOut, Wide,
 };
 use crate::{
     BufferId, KvCache, KvDtype, KvElem, KvError, KvShape, KvView, LayoutKind, LentLayer, LentPiece,
     ShareTarget,
 };
 use mtplx_kernels::attention::{self, RowSource};
-use mtplx_kernels::elem::narrow;
 
 use pool::Block;
 
@@ -161,7 +160,7 @@ impl<E: KvElem> Paged<E> {
     /// Bytes of one block (K and V): a multiple of 4, the pool's word, for every element
     /// type (two halves of values of at least 2 bytes).
     fn block_bytes(&self) -> usize {
-        2 * self.block_tokens * self.shape.row_len() * size_of::<E>()
+        2 * self.block_tokens * E::DTYPE.bytes(self.shape.row_len())
     }
 
     fn layer(&self, layer: usize) -> Result<&PagedLayer, KvError> {
@@ -173,9 +172,40 @@ impl<E: KvElem> Paged<E> {
         self.layers.iter().flat_map(|l| l.blocks.iter())
     }
 
+    /// [`KvCache::append`] and [`KvCache::append_stored`].
+    fn append_incoming(
+        &mut self,
+        layer: usize,
+        k: Incoming<'_>,
+        v: Incoming<'_>,
+    ) -> Result<(), KvError> {
+        let n = append_rows::<E>(self.shape, layer, k, v)?;
+        let (bt, row) = (self.block_tokens, row_elems::<E>(self.shape));
+        let shape = self.shape;
+        let block_bytes = self.block_bytes();
+        let pool = &self.pool;
+        let l = &mut self.layers[layer];
+        let mut done = 0;
+        while done < n {
+            let (bi, off) = (l.len / bt, l.len % bt);
+            if bi == l.blocks.len() {
+                l.blocks.push(pool.alloc(block_bytes));
+            }
+            // Shared with a fork or snapshot: copy the rows written so far.
+            let (bk, bv) = l.own::<E>(bi, off, row, pool).kv_mut::<E>();
+            let take = (bt - off).min(n - done);
+            let dst = off * row..(off + take) * row;
+            k.write(shape, done..done + take, &mut bk[dst.clone()]);
+            v.write(shape, done..done + take, &mut bv[dst]);
+            l.len += take;
+            done += take;
+        }
+        Ok(())
+    }
+
     /// Rows `range` of `layer` (checked by the caller) into `out`, block by block.
     fn read_into(&self, layer: &PagedLayer, range: Range<usize>, mut out: impl RowsOut) {
-        let (bt, row) = (self.block_tokens, self.shape.row_len());
+        let (bt, row) = (self.block_tokens, row_elems::<E>(self.shape));
         let mut pos = range.start;
         while pos < range.end {
             let (bi, off) = (pos / bt, pos % bt);
@@ -217,7 +247,7 @@ impl<E: KvElem> KvView for Paged<E> {
         v: &mut [f32],
     ) -> Result<(), KvError> {
         let l = self.layer(layer)?;
-        read_range(self.shape, l.len, &range, k, v, 1)?;
+        read_range(l.len, &range, k, v, self.shape.row_len())?;
         self.read_into(l, range, Wide(k, v));
         Ok(())
     }
@@ -230,7 +260,7 @@ impl<E: KvElem> KvView for Paged<E> {
         v: &mut [u8],
     ) -> Result<(), KvError> {
         let l = self.layer(layer)?;
-        read_range(self.shape, l.len, &range, k, v, size_of::<E>())?;
+        read_range(l.len, &range, k, v, E::DTYPE.bytes(self.shape.row_len()))?;
         self.read_into(l, range, Raw(k, v));
         Ok(())
     }
@@ -269,37 +299,18 @@ impl<E: KvElem> KvView for Paged<E> {
 
 impl<E: KvElem> KvCache for Paged<E> {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
-        let n = append_rows(self.shape, layer, k, v)?;
-        let (bt, row) = (self.block_tokens, self.shape.row_len());
-        let block_bytes = self.block_bytes();
-        let pool = &self.pool;
-        let l = &mut self.layers[layer];
-        let mut done = 0;
-        while done < n {
-            let (bi, off) = (l.len / bt, l.len % bt);
-            if bi == l.blocks.len() {
-                l.blocks.push(pool.alloc(block_bytes));
-            }
-            // Shared with a fork or snapshot: copy the rows written so far.
-            let (bk, bv) = l.own::<E>(bi, off, row, pool).kv_mut::<E>();
-            let take = (bt - off).min(n - done);
-            let (dst, src) = (
-                off * row..(off + take) * row,
-                done * row..(done + take) * row,
-            );
-            narrow(&k[src.clone()], &mut bk[dst.clone()]);
-            narrow(&v[src], &mut bv[dst]);
-            l.len += take;
-            done += take;
-        }
-        Ok(())
+        self.append_incoming(layer, Incoming::Values(k), Incoming::Values(v))
+    }
+
+    fn append_stored(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        self.append_incoming(layer, Incoming::Stored(k), Incoming::Stored(v))
     }
 
     /// One piece per block the new positions touch: the rest of the partly filled last
     /// block (copied first if it is shared, as [`KvCache::append`] does), then new blocks
     /// from the pool.
     fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
-        let (bt, row) = (self.block_tokens, self.shape.row_len());
+        let (bt, row) = (self.block_tokens, row_elems::<E>(self.shape));
         let block_bytes = self.block_bytes();
         let pool = &self.pool;
         let lent = self
@@ -355,7 +366,7 @@ impl<E: KvElem> KvCache for Paged<E> {
             blocks: &l.blocks,
             len: l.len,
             block_tokens: self.block_tokens,
-            row_len: self.shape.row_len(),
+            row_len: row_elems::<E>(self.shape),
             elem: std::marker::PhantomData,
         };
         attention::attend(&src, q, g, out);

@@ -120,6 +120,8 @@ impl CacheTier {
             LayoutKind::Device => return Err(TierError::DeviceLayout),
         }
         .with_dtype(config.kv_dtype)?;
+        // A quantized type needs heads of whole groups: refused at start, with the reason.
+        factory.check_shape(bundle.model.state_shape().kv)?;
         let access = match config.ssd {
             SsdMode::Off => None,
             SsdMode::On => Some(SsdAccess::ReadWrite),
