@@ -25,7 +25,7 @@ fn dtype() -> KvDtype {
     KvDtype::ALL
         .into_iter()
         .find(|d| d.as_str() == name)
-        .unwrap_or_else(|| panic!("MTPLX_BENCH_KV_DTYPE={name}: not f32, f16 or bf16"))
+        .unwrap_or_else(|| panic!("MTPLX_BENCH_KV_DTYPE={name}: not f32, f16, bf16, q8 or q4"))
 }
 
 /// SmolLM2-135M: 30 layers × 3 KV heads × 64 dims (11.25 MiB per 256-token block in f32,
@@ -52,9 +52,15 @@ fn identity() -> Identity {
 
 fn entry(salt: u32) -> SpillEntry {
     let tokens: Vec<u32> = (0..TOKENS as u32).map(|i| i * 7 + salt).collect();
-    let rows = KvRows::from_fn(geometry(), TOKENS, |l, p, i, v| {
-        (l * 31 + p * 7 + i) as f32 * if v { 0.5 } else { -0.25 }
-    });
+    // Quantized rows are bytes to the cold tier: any bytes do.
+    let rows = match geometry().dtype.group() {
+        1 => KvRows::from_fn(geometry(), TOKENS, |l, p, i, v| {
+            (l * 31 + p * 7 + i) as f32 * if v { 0.5 } else { -0.25 }
+        }),
+        _ => KvRows::from_bytes_fn(geometry(), TOKENS, |l, i, v| {
+            (l * 31 + i * 7 + usize::from(v)) as u8
+        }),
+    };
     SpillEntry {
         identity: identity(),
         tokens,

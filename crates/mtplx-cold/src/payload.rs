@@ -244,6 +244,29 @@ impl KvRows {
         }
     }
 
+    /// Rows of any type, quantized ones included, whose bytes are a function of (layer, byte
+    /// offset in the layer, is_v): the cold tier never reads them as values, so any bytes
+    /// are rows it stores and restores.
+    pub fn from_bytes_fn(
+        geometry: KvGeometry,
+        positions: usize,
+        f: impl Fn(usize, usize, bool) -> u8,
+    ) -> KvRows {
+        let len = positions * geometry.row_bytes();
+        let layer = |is_v| -> Vec<Vec<u8>> {
+            (0..geometry.layers as usize)
+                .map(|l| (0..len).map(|i| f(l, i, is_v)).collect())
+                .collect()
+        };
+        KvRows {
+            geometry: Some(geometry),
+            k: layer(false),
+            v: layer(true),
+            recurrent: None,
+            tail: None,
+        }
+    }
+
     /// Positions held (in layer 0).
     pub fn positions(&self) -> usize {
         match (self.geometry, self.k.first()) {

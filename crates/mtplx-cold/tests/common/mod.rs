@@ -73,20 +73,10 @@ pub fn geometry_of(dtype: KvDtype) -> KvGeometry {
 /// from the same inputs (the cold tier never reads them as values).
 pub fn rows_of(geometry: KvGeometry, tokens: &[u32]) -> KvRows {
     if geometry.dtype.group() > 1 {
-        let layer = |l: usize, v: bool| -> Vec<u8> {
-            let row = geometry.row_bytes();
-            (0..tokens.len() * row)
-                .map(|i| (tokens[i / row] as usize * 7 + l * 31 + i % row + usize::from(v)) as u8)
-                .collect()
-        };
-        let layers = 0..geometry.layers as usize;
-        return KvRows {
-            geometry: Some(geometry),
-            k: layers.clone().map(|l| layer(l, false)).collect(),
-            v: layers.map(|l| layer(l, true)).collect(),
-            recurrent: None,
-            tail: None,
-        };
+        let row = geometry.row_bytes();
+        return KvRows::from_bytes_fn(geometry, tokens.len(), |l, i, v| {
+            (tokens[i / row] as usize * 7 + l * 31 + i % row + usize::from(v)) as u8
+        });
     }
     KvRows::from_fn(geometry, tokens.len(), |l, p, i, v| {
         let t = tokens[p] as f32;
