@@ -63,7 +63,12 @@ unsafe fn load8<E: KvElem>(row: *const E, d: usize) -> __m256 {
 /// AVX2 and F16C are enabled in the caller; `d0 + 8 <= rows[j].len()` for those keys.
 #[inline(always)]
 unsafe fn transpose8<E: KvElem, B: BlockRows<E>>(rows: &B, j0: usize, d0: usize) -> [__m256; 8] {
-    let r: [__m256; 8] = std::array::from_fn(|i| load8(rows.row(j0 + i), d0));
+    // A loop, not `array::from_fn`: an outlined closure loses the caller's target features,
+    // and its loads (a quantized group's unpacking) become calls.
+    let mut r = [_mm256_setzero_ps(); 8];
+    for (i, r) in r.iter_mut().enumerate() {
+        *r = load8(rows.row(j0 + i), d0);
+    }
     let t0 = _mm256_unpacklo_ps(r[0], r[1]);
     let t1 = _mm256_unpackhi_ps(r[0], r[1]);
     let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -303,14 +308,13 @@ unsafe fn block_fused_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
         }
     }
     for d0 in (0..hd / 8).map(|c| c * 8) {
-        let mut a: [__m256; R] = std::array::from_fn(|r| {
-            let a = _mm256_loadu_ps(acc[r].add(d0));
+        let mut a = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            a[r] = _mm256_loadu_ps(acc[r].add(d0));
             if rescale[r] {
-                _mm256_mul_ps(a, _mm256_set1_ps(c[r]))
-            } else {
-                a
+                a[r] = _mm256_mul_ps(a[r], _mm256_set1_ps(c[r]));
             }
-        });
+        }
         // `j` indexes the rows and every head's `p` alike.
         #[allow(clippy::needless_range_loop)]
         for j in 0..BLOCK {

@@ -123,6 +123,19 @@ impl Q4Group {
     }
 }
 
+/// `h` widened to `f32` (exactly) in eight lanes, by `vcvtph2ps` in the caller's code: the
+/// `half` crate's conversion is a call that checks the CPU each time, which cost the
+/// attention kernel most of its time over quantized rows.
+///
+/// # Safety
+/// F16C is enabled in the caller.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn splat_half(h: f16) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_cvtph_ps(_mm_set1_epi16(h.to_bits() as i16))
+}
+
 /// Eight values of a group from `j0` (a multiple of 8), widened: [`Q8Group::value`] lane by
 /// lane (an exact product).
 ///
@@ -133,8 +146,10 @@ impl Q4Group {
 pub(crate) unsafe fn q8_load8(g: *const Q8Group, j0: usize) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let q = _mm_loadl_epi64((*g).q.as_ptr().add(j0) as *const __m128i);
-    let d = _mm256_set1_ps((*g).d.to_f32());
-    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+    _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+        splat_half((*g).d),
+    )
 }
 
 /// Eight values of a group from `j0` (a multiple of 8), widened: [`Q4Group::value`] lane by
@@ -154,11 +169,11 @@ pub(crate) unsafe fn q4_load8(g: *const Q4Group, j0: usize) -> std::arch::x86_64
     } else {
         _mm256_srli_epi32::<4>(wide)
     };
-    let (d, m) = (
-        _mm256_set1_ps((*g).d.to_f32()),
-        _mm256_set1_ps((*g).m.to_f32()),
-    );
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m)
+    _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(q),
+        splat_half((*g).d),
+        splat_half((*g).m),
+    )
 }
 
 /// `dst` = the values of `src`, 8 at a time. `#[inline(always)]` without
