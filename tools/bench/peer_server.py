@@ -2,7 +2,7 @@
 """mtplx's server against llama.cpp's, one client, the same GGUF file and threads, one run.
 
     peer_server.py MTPLX_SERVE LLAMA_SERVER MODEL.gguf [--threads 2] [--contexts 500,2000,6500]
-                   [--rounds 3] [--gen 64] [--work DIR]
+                   [--rounds 3] [--gen 64] [--work DIR] [--mtplx-args '...'] [--llama-args '...']
 
 Both servers run one at a time on the same machine (never both at once), each with
 `--threads` compute threads and an 8,192-token window. For each context length the client
@@ -117,16 +117,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--work", default="target/peer-server")
+    ap.add_argument("--mtplx-args", default="", help="more mtplx-serve flags (e.g. '--kv-dtype q8')")
+    ap.add_argument("--llama-args", default="", help="more llama-server flags (e.g. '-ctk q8_0')")
     args = ap.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]
     os.makedirs(args.work, exist_ok=True)
 
     env = {**os.environ, "MTPLX_THREADS": str(args.threads), "MTPLX_HOME": os.path.join(args.work, "home")}
     mtplx = bench("mtplx", [args.mtplx, "--model", args.model, "--port", "18431", "--context-window", "8192",
-                            "--ssd-session-cache", "off"],
+                            "--ssd-session-cache", "off", *args.mtplx_args.split()],
                   env, "http://127.0.0.1:18431", {"generation_mode": "ar"}, args)
     llama = bench("llama.cpp", [args.llama, "-m", args.model, "--port", "18432", "-t", str(args.threads),
-                                "-c", "8192", "-np", "1"],
+                                "-c", "8192", "-np", "1", *args.llama_args.split()],
                   dict(os.environ), "http://127.0.0.1:18432", {"cache_prompt": False}, args)
 
     med = lambda rows, k: statistics.median([r[k] for r in rows if r[k] is not None])
@@ -142,6 +144,7 @@ def main():
         print(f"{ctx:>8} {a[0]['prompt_tokens']!s:>7} | {ta:>9.2f}s {tb:>9.2f}s {tb / ta:>5.2f}x | "
               f"{da:>8.1f} t/s {db:>6.1f} t/s {da / db:>5.2f}x")
     json.dump({"model": args.model, "threads": args.threads, "rounds": args.rounds, "gen": args.gen,
+               "mtplx_args": args.mtplx_args, "llama_args": args.llama_args,
                "table": table, "mtplx": mtplx, "llama": llama},
               open(os.path.join(args.work, "peer_server.json"), "w"), indent=1)
 

@@ -55,6 +55,11 @@ pub struct PeerArgs {
     /// Prompt lengths of the server comparison, in tokens (about).
     #[arg(long, value_delimiter = ',', default_values_t = [500, 2000, 4000, 6500])]
     pub contexts: Vec<usize>,
+    /// The element type mtplx keeps K/V in (the engine's caches and the server's
+    /// `--kv-dtype`); with `q8` or `q4`, llama.cpp's server keeps its cache in the matching
+    /// `q8_0` or `q4_1` (with flash attention, which a quantized V cache needs there).
+    #[arg(long, default_value = "f16")]
+    pub kv_dtype: mtplx_kv::KvDtype,
     /// Measure mtplx only and print one JSON line (what the peer step runs in release).
     #[arg(long, hide = true)]
     pub mtplx_only: bool,
@@ -71,6 +76,7 @@ impl Default for PeerArgs {
             depths: Vec::new(),
             server: false,
             contexts: vec![500, 2000, 4000, 6500],
+            kv_dtype: mtplx_kv::KvDtype::F16,
             mtplx_only: false,
         }
     }
@@ -305,6 +311,7 @@ pub(crate) fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures
         .args(["--prompts", &prompts.join(",")])
         .args(["--gen", &args.gen.to_string()])
         .args(["--reps", &args.reps.to_string()])
+        .args(["--kv-dtype", args.kv_dtype.as_str()])
         .args(depths(&args.depths))
         .env("MTPLX_TEST_MODEL", model)
         .env("MTPLX_THREADS", args.threads.to_string())
@@ -348,6 +355,7 @@ fn tokens(n: usize) -> Vec<u32> {
 fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
     let model = Model::load(model_path, WeightFormat::Native)?;
     let shape = model.state_shape();
+    let factory = CacheFactory::contiguous().with_dtype(args.kv_dtype)?;
     let mut figures = Figures::default();
     let mean = |f: &mut dyn FnMut() -> Result<f64>| -> Result<f64> {
         f()?; // warm-up
@@ -360,7 +368,7 @@ fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)>
     for &p in &args.prompts {
         let prompt = tokens(p);
         let tps = mean(&mut || {
-            let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
+            let mut cache = Sequence::new(&factory, &shape);
             let t = Instant::now();
             prefill(&model, &prompt, &mut cache, 512)?;
             Ok(p as f64 / t.elapsed().as_secs_f64())
@@ -370,7 +378,7 @@ fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)>
     }
     let n = args.gen;
     let tps = mean(&mut || {
-        let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
+        let mut cache = Sequence::new(&factory, &shape);
         let mut out = ForwardOutput::default();
         let t = Instant::now();
         let mut tok = 1u32;
@@ -386,7 +394,7 @@ fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)>
     // step is the warm-up of its decode).
     let mut sorted = args.depths.clone();
     sorted.sort_unstable();
-    let mut cache = Sequence::new(&CacheFactory::contiguous(), &shape);
+    let mut cache = Sequence::new(&factory, &shape);
     let mut out = ForwardOutput::default();
     let mut len = 0usize;
     for d in sorted {

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use mtplx_kv::KvDtype;
 use serde_json::{json, Value};
 
 use crate::peer::{ensure_llama, mtplx_in_release, run_cmd, workspace_root, PeerArgs};
@@ -54,7 +55,9 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
         let stem = file
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned());
-        let work = workspace_root().join("target/peer-server").join(&stem);
+        let work = workspace_root()
+            .join("target/peer-server")
+            .join(format!("{stem}-{}", args.kv_dtype));
         std::fs::create_dir_all(&work)?;
         eprintln!("[peer-server] {}: both servers, one client", file.display());
         let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
@@ -68,6 +71,8 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
                 .args(["--contexts", &contexts.join(",")])
                 .args(["--rounds", &args.reps.to_string()])
                 .args(["--gen", &args.gen.to_string()])
+                .arg(format!("--mtplx-args=--kv-dtype {}", args.kv_dtype))
+                .arg(format!("--llama-args={}", llama_cache(args.kv_dtype)))
                 .arg("--work")
                 .arg(&work),
             "the server comparison (tools/bench/peer_server.py)",
@@ -116,13 +121,34 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
     }
     let docs = workspace_root().join("docs/bench");
     std::fs::create_dir_all(docs.join("raw"))?;
-    std::fs::write(docs.join("peer-server.md"), report(args, &sections))?;
+    let name = report_name(args.kv_dtype);
+    std::fs::write(docs.join(format!("{name}.md")), report(args, &sections))?;
     std::fs::write(
-        docs.join("raw/peer-server.json"),
+        docs.join(format!("raw/{name}.json")),
         serde_json::to_string_pretty(&Value::Array(raw))?,
     )?;
-    eprintln!("[peer-server] written to docs/bench/peer-server.md and raw/peer-server.json");
+    eprintln!("[peer-server] written to docs/bench/{name}.md and raw/{name}.json");
     Ok(())
+}
+
+/// The report's file name: `peer-server` with the server's default K/V (f16), else
+/// `peer-server-kv-<type>`.
+fn report_name(kv: KvDtype) -> String {
+    match kv {
+        KvDtype::F16 => "peer-server".into(),
+        other => format!("peer-server-kv-{other}"),
+    }
+}
+
+/// llama.cpp's server flags for the K/V cache that matches mtplx's `kv`: its default (f16)
+/// for the float types, the same ggml block for the quantized ones (a quantized V cache
+/// needs flash attention there).
+fn llama_cache(kv: KvDtype) -> String {
+    match kv {
+        KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => String::new(),
+        KvDtype::Q8 => "-fa on -ctk q8_0 -ctv q8_0".into(),
+        KvDtype::Q4 => "-fa on -ctk q4_1 -ctv q4_1".into(),
+    }
 }
 
 /// The rows of the client's JSON (`table` of `peer_server.py`).
@@ -203,8 +229,9 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
     let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
     format!(
         "# mtplx's server against llama.cpp's, one client\n\n\
-         Written by `cargo xtask peer --server --threads {} --contexts {} --reps {} --gen {}` \
-         on {date}, commit `{commit}`, {cpu} ({cores} cores). Both servers run alone, one \
+         Written by `cargo xtask peer --server --threads {} --contexts {} --reps {} --gen {} \
+         --kv-dtype {}` on {date}, commit `{commit}`, {cpu} ({cores} cores). K/V: mtplx \
+         `{}`, llama.cpp `{}`. Both servers run alone, one \
          after the other, with {} compute threads and an 8,192-token window; the client \
          (`tools/bench/peer_server.py`, the `openai` SDK) streams `/v1/chat/completions` at \
          temperature 0 with a fresh prompt every round (`cache_prompt: false` for \
@@ -218,6 +245,12 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
         contexts.join(","),
         args.reps,
         args.gen,
+        args.kv_dtype,
+        args.kv_dtype,
+        match llama_cache(args.kv_dtype).as_str() {
+            "" => "f16 (its default)".to_string(),
+            flags => flags.to_string(),
+        },
         args.threads,
         sections.join("\n"),
     )
