@@ -240,7 +240,7 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
          of the rounds. Ratios are mtplx / llama.cpp (above 1: mtplx is faster) and hold \
          within this run only. The engine column is mtplx's model in process at the same \
          context (no HTTP), so `server / engine` is the share of its speed the server \
-         keeps. Raw figures: `raw/peer-server.json`.\n\n{}",
+         keeps. Raw figures: `raw/{}.json`.\n\n{}",
         args.threads,
         contexts.join(","),
         args.reps,
@@ -252,6 +252,7 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
             flags => flags.to_string(),
         },
         args.threads,
+        report_name(args.kv_dtype),
         sections.join("\n"),
     )
 }
