@@ -17,7 +17,7 @@ pub struct ColdBenchArgs {
     /// Only the side-by-side summary: criterion runs each benchmark once.
     #[arg(long)]
     quick: bool,
-    /// The element type of the stored rows (f32, f16, bf16; default the bench's f32).
+    /// The element type of the stored rows (f32, f16, bf16, q8, q4; default the bench's f32).
     #[arg(long)]
     kv_dtype: Option<String>,
 }
