@@ -356,8 +356,20 @@ unsafe fn widen_f16_f16c(src: &[half::f16], dst: &mut [f32]) {
 
 pub(crate) mod groups;
 use groups::F16_MAX;
+use groups::{narrow_groups, widen_groups_portable, Group};
 #[cfg(target_arch = "x86_64")]
-use groups::{widen_q4_avx2, widen_q8_avx2};
+use groups::{widen_groups_avx2, widen_groups_detected};
+
+/// The values of quantized groups, on the instructions this CPU has.
+#[inline]
+fn widen_groups<G: Group>(src: &[G], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() && is_x86_feature_detected!("fma") {
+        // SAFETY: checked just above.
+        return unsafe { widen_groups_detected(src, dst) };
+    }
+    widen_groups_portable(src, dst)
+}
 pub use groups::{Q4Group, Q8Group, GROUP};
 
 impl KvElem for Q8Group {
@@ -365,30 +377,18 @@ impl KvElem for Q8Group {
     const GROUP: usize = GROUP;
 
     fn narrow(src: &[f32], dst: &mut [Self]) {
-        debug_assert_eq!(src.len(), dst.len() * GROUP);
-        for (g, x) in dst.iter_mut().zip(src.chunks_exact(GROUP)) {
-            *g = Q8Group::quantize(x);
-        }
+        narrow_groups(src, dst)
     }
 
     #[inline]
     fn widen(src: &[Self], dst: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if has_f16c() {
-            // SAFETY: checked just above.
-            return unsafe { widen_q8_detected(src, dst) };
-        }
-        for (g, out) in src.iter().zip(dst.chunks_exact_mut(GROUP)) {
-            for (j, o) in out.iter_mut().enumerate() {
-                *o = g.value(j);
-            }
-        }
+        widen_groups(src, dst)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn widen_f16c(src: &[Self], dst: &mut [f32]) {
-        widen_q8_avx2(src, dst)
+        widen_groups_avx2(src, dst)
     }
 }
 
@@ -397,51 +397,19 @@ impl KvElem for Q4Group {
     const GROUP: usize = GROUP;
 
     fn narrow(src: &[f32], dst: &mut [Self]) {
-        debug_assert_eq!(src.len(), dst.len() * GROUP);
-        for (g, x) in dst.iter_mut().zip(src.chunks_exact(GROUP)) {
-            *g = Q4Group::quantize(x);
-        }
+        narrow_groups(src, dst)
     }
 
     #[inline]
     fn widen(src: &[Self], dst: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if has_f16c() && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: checked just above.
-            return unsafe { widen_q4_detected(src, dst) };
-        }
-        for (g, out) in src.iter().zip(dst.chunks_exact_mut(GROUP)) {
-            for (j, o) in out.iter_mut().enumerate() {
-                *o = g.value(j);
-            }
-        }
+        widen_groups(src, dst)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn widen_f16c(src: &[Self], dst: &mut [f32]) {
-        widen_q4_avx2(src, dst)
+        widen_groups_avx2(src, dst)
     }
-}
-
-/// [`widen_q8_avx2`] compiled for AVX2 and F16C.
-///
-/// # Safety
-/// The CPU has AVX2 and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn widen_q8_detected(src: &[Q8Group], dst: &mut [f32]) {
-    widen_q8_avx2(src, dst)
-}
-
-/// [`widen_q4_avx2`] compiled for AVX2, FMA and F16C.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn widen_q4_detected(src: &[Q4Group], dst: &mut [f32]) {
-    widen_q4_avx2(src, dst)
 }
 
 #[cfg(test)]

@@ -176,34 +176,90 @@ pub(crate) unsafe fn q4_load8(g: *const Q4Group, j0: usize) -> std::arch::x86_64
     )
 }
 
-/// `dst` = the values of `src`, 8 at a time. `#[inline(always)]` without
-/// `#[target_feature]`: it inlines into callers compiled with AVX2 and F16C.
-///
-/// # Safety
-/// The CPU has AVX2 and F16C, and the caller is compiled with them.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn widen_q8_avx2(src: &[Q8Group], dst: &mut [f32]) {
-    assert!(dst.len() >= src.len() * GROUP);
-    for (i, g) in src.iter().enumerate() {
-        for j0 in (0..GROUP).step_by(8) {
-            let v = q8_load8(g, j0);
-            std::arch::x86_64::_mm256_storeu_ps(dst.as_mut_ptr().add(i * GROUP + j0), v);
+/// What the two quantized element types share: a group of [`GROUP`] values, quantized from
+/// those values alone and read back one value, or (x86) eight, at a time.
+pub(crate) trait Group: Copy + Default {
+    /// The group holding `x` ([`GROUP`] values).
+    fn quantize(x: &[f32]) -> Self;
+    /// Value `j`, exactly as every reader computes it.
+    fn value(&self, j: usize) -> f32;
+    /// Values `j0..j0 + 8` ([`q8_load8`], [`q4_load8`]).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are enabled in the caller; `j0` is a multiple of 8 below [`GROUP`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(g: *const Self, j0: usize) -> std::arch::x86_64::__m256;
+}
+
+impl Group for Q8Group {
+    fn quantize(x: &[f32]) -> Self {
+        Q8Group::quantize(x)
+    }
+    #[inline(always)]
+    fn value(&self, j: usize) -> f32 {
+        Q8Group::value(self, j)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(g: *const Self, j0: usize) -> std::arch::x86_64::__m256 {
+        q8_load8(g, j0)
+    }
+}
+
+impl Group for Q4Group {
+    fn quantize(x: &[f32]) -> Self {
+        Q4Group::quantize(x)
+    }
+    #[inline(always)]
+    fn value(&self, j: usize) -> f32 {
+        Q4Group::value(self, j)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(g: *const Self, j0: usize) -> std::arch::x86_64::__m256 {
+        q4_load8(g, j0)
+    }
+}
+
+/// `dst` holds `src` (`dst.len() × GROUP` values) as groups.
+pub(crate) fn narrow_groups<G: Group>(src: &[f32], dst: &mut [G]) {
+    debug_assert_eq!(src.len(), dst.len() * GROUP);
+    for (g, x) in dst.iter_mut().zip(src.chunks_exact(GROUP)) {
+        *g = G::quantize(x);
+    }
+}
+
+/// `dst` = the values of `src`, one at a time.
+pub(crate) fn widen_groups_portable<G: Group>(src: &[G], dst: &mut [f32]) {
+    for (g, out) in src.iter().zip(dst.chunks_exact_mut(GROUP)) {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = g.value(j);
         }
     }
 }
 
-/// As [`widen_q8_avx2`], for 4-bit groups.
+/// [`widen_groups_avx2`] compiled for AVX2, FMA and F16C.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn widen_groups_detected<G: Group>(src: &[G], dst: &mut [f32]) {
+    widen_groups_avx2(src, dst)
+}
+
+/// `dst` = the values of `src`, 8 at a time. `#[inline(always)]` without
+/// `#[target_feature]`: it inlines into callers compiled with AVX2, FMA and F16C.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C, and the caller is compiled with them.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn widen_q4_avx2(src: &[Q4Group], dst: &mut [f32]) {
+pub(crate) unsafe fn widen_groups_avx2<G: Group>(src: &[G], dst: &mut [f32]) {
     assert!(dst.len() >= src.len() * GROUP);
     for (i, g) in src.iter().enumerate() {
         for j0 in (0..GROUP).step_by(8) {
-            let v = q4_load8(g, j0);
+            let v = G::load8(g, j0);
             std::arch::x86_64::_mm256_storeu_ps(dst.as_mut_ptr().add(i * GROUP + j0), v);
         }
     }
