@@ -45,4 +45,4 @@ pub use config::{Architecture, Dims, ModelConfig, RopeStyle};
 pub use error::{BackendError, ModelError, Result};
 pub use generate::{generate_greedy, prefill, FinishReason, Generator};
 pub use model::{ForwardOutput, LanguageModel, Model, Want};
-pub use weights::{Linear, RawWeight, WeightFormat};
+pub use weights::{FileData, FilePart, Linear, RawWeight, WeightFormat};

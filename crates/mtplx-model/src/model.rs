@@ -119,8 +119,8 @@ pub(crate) struct Layer {
     /// Q, K and V side by side in each output row.
     pub(crate) qkv: Linear,
     pub(crate) o: Linear,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) ffn_norm: Vec<f32>,
     /// Gate and up side by side in each output row.
     pub(crate) gate_up: Linear,

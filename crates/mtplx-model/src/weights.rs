@@ -331,6 +331,59 @@ impl Linear {
     }
 }
 
+/// Consecutive output rows of a weight as its file stores them ([`Linear::file_parts`]).
+pub struct FilePart {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: FileData,
+}
+
+/// A [`FilePart`]'s contents.
+pub enum FileData {
+    /// The file's own blocks, row after row, bit for bit (`rows × cols / block_len` blocks).
+    Blocks { format: QuantFormat, bytes: Vec<u8> },
+    /// Values, row-major `f32`: a type without a kernel format (dequantized), or a weight
+    /// this map no longer holds in its file's layout (the native kernels' tiles).
+    Values(Vec<f32>),
+}
+
+impl Linear {
+    /// The weight part by part as the file stores it, for a backend that keeps its own copy
+    /// in the file's blocks: a map built with [`WeightFormat::Quantized`] holds the file's
+    /// blocks; dense weights, and the native kernels' repacked tiles, come as values.
+    pub fn file_parts(&self) -> Result<Vec<FilePart>> {
+        let (rows, cols) = (self.out_features, self.in_features);
+        let values = |l: &Linear| -> Result<Vec<FilePart>> {
+            Ok(vec![FilePart {
+                rows,
+                cols,
+                data: FileData::Values(l.dense_rows()?),
+            }])
+        };
+        match &self.kind {
+            LinearKind::Quantized(QMatMul::QTensor(q)) => match kernels::format_of(q.dtype()) {
+                Some(format) => Ok(vec![FilePart {
+                    rows,
+                    cols,
+                    data: FileData::Blocks {
+                        format,
+                        bytes: q.data()?.into_owned(),
+                    },
+                }]),
+                None => values(self),
+            },
+            LinearKind::Parts(parts) => {
+                let mut out = Vec::new();
+                for p in parts {
+                    out.extend(p.file_parts()?);
+                }
+                Ok(out)
+            }
+            _ => values(self),
+        }
+    }
+}
+
 /// The biases of maps whose outputs sit side by side (Q, K and V), zeros where a map has
 /// none; `None` when none has one.
 pub(crate) fn side_by_side_bias(parts: &[&Linear]) -> Option<Vec<f32>> {

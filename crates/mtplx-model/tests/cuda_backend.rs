@@ -74,12 +74,8 @@ fn models() -> Option<&'static (Bundle, CudaModel)> {
             };
             eprintln!("device: {dev:?}");
             let b = Bundle::load(&model_path(), WeightFormat::Native).expect("default model");
-            let gpu = CudaModel::from_model(
-                &mtplx_model::Model::load(&b.path, mtplx_model::WeightFormat::Native)
-                    .expect("the dense model"),
-                dev,
-            )
-            .expect("upload the model");
+            // The weights in the file's own blocks (Q4_1, Q8_0), as the server loads them.
+            let gpu = CudaModel::load(&b.path, dev).expect("upload the model");
             Some((b, gpu))
         })
         .as_ref()
@@ -92,7 +88,13 @@ fn the_kernels_compile() {
     match mtplx_model::cuda::compile("compute_90") {
         Ok(ptx) => {
             for kernel in [
-                "embed", "rms_norm", "matvec", "qkv_post", "attend", "silu_mul",
+                "embed",
+                "rms_norm",
+                "matvec",
+                "qkv_post",
+                "attend_part",
+                "attend_merge",
+                "silu_mul",
             ] {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),
@@ -384,5 +386,149 @@ fn the_gpu_mtp_head_matches_the_cpu_head() {
             close(&cl, &gl, "draft step: scores");
             x = cx;
         }
+    }
+}
+
+/// The tiny Llama, Qwen2 (Q/K/V biases) and Qwen3 (per-head Q/K norms) models on the GPU
+/// against the float64 reference: last-position logits, and greedy tokens in any chunking.
+#[test]
+fn the_tiny_families_match_the_reference_on_the_gpu() {
+    #[derive(Deserialize)]
+    struct Expected {
+        cases: Vec<TinyCase>,
+    }
+    #[derive(Deserialize)]
+    struct TinyCase {
+        name: String,
+        input_ids: Vec<u32>,
+        last_logits: Vec<f32>,
+        greedy_tokens: Vec<u32>,
+    }
+    let _one = one_at_a_time();
+    if models().is_none() {
+        return;
+    }
+    let dev = CudaDevice::open(0).unwrap();
+    for arch in ["llama", "qwen2", "qwen3"] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny")
+            .join(arch);
+        let expected: Expected =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
+                .unwrap();
+        let gpu = CudaModel::load(&dir, dev.clone()).unwrap();
+        let factory = gpu.cache_factory();
+        for case in &expected.cases {
+            let mut seq = gpu.new_sequence(&factory);
+            let out = gpu.forward(&case.input_ids, &mut seq, Want::Last).unwrap();
+            let err = out
+                .last_logits()
+                .iter()
+                .zip(&case.last_logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-4, "{arch}/{}: max |logit error| {err}", case.name);
+            for chunk in [1, 3, 512] {
+                let mut seq = gpu.new_sequence(&factory);
+                let n = case.greedy_tokens.len();
+                let got =
+                    mtplx_model::generate_greedy(&gpu, &mut seq, &case.input_ids, n, &[], chunk)
+                        .unwrap();
+                assert_eq!(
+                    got, case.greedy_tokens,
+                    "{arch}/{} chunk {chunk}",
+                    case.name
+                );
+            }
+        }
+    }
+}
+
+/// A prompt past several attention parts (256 positions each) gives the CPU model's tokens
+/// and logits, and a row's logits do not depend on the prefill's chunking.
+#[test]
+fn long_prompts_span_attention_parts_and_match_the_cpu() {
+    let _one = one_at_a_time();
+    let Some((b, gpu)) = models() else { return };
+    let g = golden();
+    let mut prompt = Vec::new();
+    while prompt.len() < 3000 {
+        for c in &g.cases {
+            prompt.extend_from_slice(&c.prompt_ids);
+        }
+    }
+    prompt.truncate(3000);
+    let mut cpu = b.model.new_sequence(&CacheFactory::contiguous());
+    let want = prefill(&*b.model, &prompt, &mut cpu, 512).unwrap();
+    let factory = gpu.cache_factory();
+    let mut last: Option<Vec<f32>> = None;
+    for chunk in [512, 700] {
+        let mut seq = gpu.new_sequence(&factory);
+        let got = prefill(gpu, &prompt, &mut seq, chunk).unwrap();
+        let worst = got
+            .last_logits()
+            .iter()
+            .zip(want.last_logits())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-2,
+            "chunk {chunk}: CUDA and CPU logits differ by {worst}"
+        );
+        assert_eq!(argmax(got.last_logits()), argmax(want.last_logits()));
+        if let Some(prev) = &last {
+            assert_eq!(got.last_logits(), &prev[..], "chunk {chunk}");
+        }
+        last = Some(got.last_logits().to_vec());
+    }
+}
+
+/// Plain greedy decoding's speed on the device at an empty context and after a long prompt
+/// (a measurement, not a check: run with `--ignored --nocapture`).
+#[test]
+#[ignore]
+fn decode_speed() {
+    let _one = one_at_a_time();
+    let Some((_, gpu)) = models() else { return };
+    let factory = gpu.cache_factory();
+    let g = golden();
+    let mut long = Vec::new();
+    while long.len() < 4000 {
+        for c in &g.cases {
+            long.extend_from_slice(&c.prompt_ids);
+        }
+    }
+    long.truncate(4000);
+    for prompt in [vec![1u32], long] {
+        let mut seq = gpu.new_sequence(&factory);
+        let t = std::time::Instant::now();
+        let out = prefill(gpu, &prompt, &mut seq, 512).unwrap();
+        let prefill_s = t.elapsed().as_secs_f64();
+        let mut next = argmax(out.last_logits());
+        // Warm up (graph capture), then time.
+        for _ in 0..8 {
+            next = argmax(
+                gpu.forward(&[next], &mut seq, Want::Last)
+                    .unwrap()
+                    .last_logits(),
+            );
+        }
+        let steps = 256;
+        let t = std::time::Instant::now();
+        for _ in 0..steps {
+            next = argmax(
+                gpu.forward(&[next], &mut seq, Want::Last)
+                    .unwrap()
+                    .last_logits(),
+            );
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "context {}: prefill {:.1} tok/s, decode {:.3} ms a token ({:.1} tok/s)",
+            prompt.len(),
+            prompt.len() as f64 / prefill_s,
+            1e3 * s / steps as f64,
+            steps as f64 / s
+        );
     }
 }

@@ -10,6 +10,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use crate::error::{ModelError, Result};
+use crate::kernels::QuantFormat;
+use crate::weights::{FileData, FilePart, Linear};
 
 const SOURCE: &str = include_str!("kernels.cu");
 
@@ -21,6 +23,11 @@ const MATVEC_WARPS: u32 = 8;
 const MATVEC_ROWS: usize = 8;
 /// Threads of an attention block.
 const ATTEND_THREADS: u32 = 128;
+/// Cache positions an attention part covers (`KEYS` in the source).
+pub(crate) const ATTEND_KEYS: usize = 256;
+/// Query rows whose attention parts one launch computes (a prefill chunk's rows go in
+/// launches of this many, so the parts' buffer stays small at long contexts).
+pub(crate) const ATTEND_ROWS: usize = 64;
 /// Dynamic shared memory an attention block may use without opting in.
 const MAX_SHARED_BYTES: usize = 48 * 1024;
 
@@ -51,7 +58,8 @@ struct Kernels {
     rms_norm: CudaFunction,
     matvec: CudaFunction,
     qkv_post: CudaFunction,
-    attend: CudaFunction,
+    attend_part: CudaFunction,
+    attend_merge: CudaFunction,
     silu_mul: CudaFunction,
 }
 
@@ -101,7 +109,8 @@ impl CudaDevice {
             rms_norm: f("rms_norm")?,
             matvec: f("matvec")?,
             qkv_post: f("qkv_post")?,
-            attend: f("attend")?,
+            attend_part: f("attend_part")?,
+            attend_merge: f("attend_merge")?,
             silu_mul: f("silu_mul")?,
         };
         // A stream of its own: the legacy default stream cannot be captured into a graph.
@@ -204,19 +213,30 @@ impl CudaDevice {
             .map_err(|e| device_error("copy on the device", e))
     }
 
-    /// Rows of `table` for the tokens in `meta[2..2 + n]`.
+    /// Rows of `table` (its only part, in its file's format) for the tokens in
+    /// `meta[2..2 + n]`.
     pub(crate) fn embed(
         &self,
         meta: &CudaSlice<u32>,
-        table: &CudaSlice<f32>,
+        table: &DeviceMatrix,
         out: &mut CudaSlice<f32>,
         n: usize,
-        h: usize,
     ) -> Result<()> {
-        let h = h as i32;
+        let [part] = table.parts.as_slice() else {
+            return Err(ModelError::Device(
+                "an embedding table must be one matrix in one format".into(),
+            ));
+        };
+        let (fmt, row_bytes, h) = (part.code as i32, part.row_bytes as i64, table.cols as i32);
         let mut b = self.stream.launch_builder(&self.k.embed);
-        b.arg(meta).arg(table).arg(out).arg(&h);
-        // SAFETY: `meta` holds n tokens below the table's rows; `out` holds n rows of h.
+        b.arg(meta)
+            .arg(&part.blocks)
+            .arg(&fmt)
+            .arg(&row_bytes)
+            .arg(out)
+            .arg(&h);
+        // SAFETY: `meta` holds n tokens below the table's rows; `out` holds n rows of h (a
+        // multiple of 32, checked at upload).
         unsafe { b.launch(rows(n, ROW_THREADS, 0)) }
             .map(drop)
             .map_err(|e| device_error("embed", e))
@@ -256,7 +276,8 @@ impl CudaDevice {
             .map_err(|e| device_error("rms_norm", e))
     }
 
-    /// `y = x Wᵀ (+ bias) (+ y when accumulating)` for `n` rows.
+    /// `y = x Wᵀ (+ bias) (+ y when accumulating)` for `n` rows: one launch per part of
+    /// `w`, each writing its own columns of `y`.
     pub(crate) fn matvec(
         &self,
         w: &DeviceMatrix,
@@ -265,51 +286,46 @@ impl CudaDevice {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        self.matvec_raw(&w.w, w.bias.as_ref(), w.rows, w.cols, x, y, n, accumulate)
-    }
-
-    /// [`CudaDevice::matvec`] over a bare `[rows, cols]` weight (`cols` a multiple of 4).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn matvec_raw(
-        &self,
-        w: &CudaSlice<f32>,
-        bias: Option<&CudaSlice<f32>>,
-        rows_out: usize,
-        cols: usize,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        debug_assert_eq!(cols % 4, 0);
-        let (ni, inn, out) = (n as i32, cols as i32, rows_out as i32);
-        let has_bias = i32::from(bias.is_some());
+        let (ni, inn, stride) = (n as i32, w.cols as i32, w.rows as i32);
+        let has_bias = i32::from(w.bias.is_some());
         let acc = i32::from(accumulate);
-        let bias = bias.unwrap_or(w);
-        let mut b = self.stream.launch_builder(&self.k.matvec);
-        b.arg(w)
-            .arg(x)
-            .arg(bias)
-            .arg(y)
-            .arg(&ni)
-            .arg(&inn)
-            .arg(&out)
-            .arg(&has_bias)
-            .arg(&acc);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (rows_out as u32).div_ceil(MATVEC_WARPS),
-                n.div_ceil(MATVEC_ROWS) as u32,
-                1,
-            ),
-            block_dim: (32 * MATVEC_WARPS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: W is rows × cols (cols a multiple of 4, checked at upload), x n × cols,
-        // y n × rows, bias rows when present.
-        unsafe { b.launch(cfg) }
-            .map(drop)
-            .map_err(|e| device_error("matvec", e))
+        let mut y_off = 0i32;
+        for part in &w.parts {
+            let bias = w.bias.as_ref().unwrap_or(&w.zero);
+            let (fmt, row_bytes, rows_out) = (part.code as i32, part.row_bytes as i64, part.rows);
+            let ri = rows_out as i32;
+            let mut b = self.stream.launch_builder(&self.k.matvec);
+            b.arg(&part.blocks)
+                .arg(&fmt)
+                .arg(&row_bytes)
+                .arg(x)
+                .arg(bias)
+                .arg(&mut *y)
+                .arg(&ni)
+                .arg(&inn)
+                .arg(&ri)
+                .arg(&stride)
+                .arg(&y_off)
+                .arg(&has_bias)
+                .arg(&acc);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (rows_out as u32).div_ceil(MATVEC_WARPS),
+                    n.div_ceil(MATVEC_ROWS) as u32,
+                    1,
+                ),
+                block_dim: (32 * MATVEC_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the part holds rows_out rows of row_bytes bytes of `cols` values (a
+            // multiple of 32, checked at upload); x holds n × cols, y n × w.rows; bias
+            // w.rows when present.
+            unsafe { b.launch(cfg) }
+                .map(drop)
+                .map_err(|e| device_error("matvec", e))?;
+            y_off += ri;
+        }
+        Ok(())
     }
 
     /// Waits for everything queued so far.
@@ -332,9 +348,15 @@ impl CudaDevice {
         heads: (usize, usize, usize),
         n: usize,
         meta: &CudaSlice<u32>,
+        qk_norm: Option<&(CudaSlice<f32>, CudaSlice<f32>)>,
+        eps: f32,
     ) -> Result<()> {
         let (qh, kvh, hd) = (heads.0 as i32, heads.1 as i32, heads.2 as i32);
         let (li, inter) = (layer as i32, i32::from(rope.interleaved));
+        let (qn, kn) = match qk_norm {
+            Some((q, k)) => (self.address(q), self.address(k)),
+            None => (0u64, 0u64),
+        };
         let mut b = self.stream.launch_builder(&self.k.qkv_post);
         b.arg(qkv)
             .arg(q_out)
@@ -346,68 +368,109 @@ impl CudaDevice {
             .arg(&kvh)
             .arg(&hd)
             .arg(meta)
-            .arg(&inter);
-        // SAFETY: the caches hold at least pos0 + n rows; the tables cover pos0 + n.
+            .arg(&inter)
+            .arg(&qn)
+            .arg(&kn)
+            .arg(&eps);
+        // SAFETY: the caches hold at least pos0 + n rows; the tables cover pos0 + n; the
+        // norms (when given) hold head_dim values each, and heads are at most 256.
         unsafe { b.launch(rows(n, ROW_THREADS, 0)) }
             .map(drop)
             .map_err(|e| device_error("qkv_post", e))
     }
 
-    /// Shared memory an attention block needs for contexts of up to `max_len` positions,
-    /// or an error past what a block may use.
-    pub(crate) fn attend_shared_bytes(head_dim: usize, max_len: usize) -> Result<u32> {
+    /// Shared memory of an attention part's block.
+    fn attend_shared_bytes(head_dim: usize) -> Result<u32> {
         let warps = (ATTEND_THREADS / 32) as usize;
-        let shared = (32 + head_dim + warps * head_dim + max_len) * 4;
+        let shared = (32 + head_dim + warps * head_dim + ATTEND_KEYS) * 4;
         if shared > MAX_SHARED_BYTES {
             return Err(ModelError::Device(format!(
-                "attention over {max_len} positions needs {shared} bytes of shared memory; the \
-                 CUDA backend supports up to {MAX_SHARED_BYTES}"
+                "heads of {head_dim} values need {shared} bytes of shared memory; the CUDA \
+                 backend supports up to {MAX_SHARED_BYTES}"
             )));
         }
         Ok(shared as u32)
     }
 
-    /// Largest context [`CudaDevice::attend_shared_bytes`] allows.
-    pub(crate) fn max_attend_len(head_dim: usize) -> usize {
-        let warps = (ATTEND_THREADS / 32) as usize;
-        MAX_SHARED_BYTES / 4 - (32 + head_dim + warps * head_dim)
+    /// Floats of the attention parts' buffer for passes over contexts of up to `max_len`
+    /// positions ([`ATTEND_ROWS`] rows at a time).
+    pub(crate) fn attend_part_floats(
+        rows: usize,
+        heads: (usize, usize, usize),
+        max_len: usize,
+    ) -> usize {
+        let (qh, _, hd) = heads;
+        rows.min(ATTEND_ROWS) * qh * max_len.div_ceil(ATTEND_KEYS) * (hd + 2)
     }
 
+    /// Causal attention of `n` query rows over the layer's cache rows, in parts of
+    /// [`ATTEND_KEYS`] positions (as many as `max_len` needs: the launch's shape does not
+    /// change with the context, so a captured pass replays at any length) merged in order.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attend(
         &self,
         q: &CudaSlice<f32>,
         kv: &CudaSlice<u64>,
         layer: usize,
+        part: &mut CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
         heads: (usize, usize, usize),
         n: usize,
         meta: &CudaSlice<u32>,
         scale: f32,
-        shared: u32,
+        max_len: usize,
     ) -> Result<()> {
         let (qh, kvh, hd) = heads;
-        let (qhi, kvhi, hdi, li) = (qh as i32, kvh as i32, hd as i32, layer as i32);
-        let mut b = self.stream.launch_builder(&self.k.attend);
-        b.arg(q)
-            .arg(kv)
-            .arg(&li)
-            .arg(out)
-            .arg(&qhi)
-            .arg(&kvhi)
-            .arg(&hdi)
-            .arg(meta)
-            .arg(&scale);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, qh as u32, 1),
-            block_dim: (ATTEND_THREADS, 1, 1),
-            shared_mem_bytes: shared,
-        };
-        // SAFETY: q and out hold n × qh × hd; the caches hold pos0 + n rows of kvh × hd;
-        // `shared` covers pos0 + n positions.
-        unsafe { b.launch(cfg) }
-            .map(drop)
-            .map_err(|e| device_error("attend", e))
+        let shared = Self::attend_shared_bytes(hd)?;
+        let parts = max_len.div_ceil(ATTEND_KEYS);
+        let (qhi, kvhi, hdi, li, pi) =
+            (qh as i32, kvh as i32, hd as i32, layer as i32, parts as i32);
+        let mut r0 = 0;
+        while r0 < n {
+            let rows_now = (n - r0).min(ATTEND_ROWS);
+            let r0i = r0 as i32;
+            let mut b = self.stream.launch_builder(&self.k.attend_part);
+            b.arg(q)
+                .arg(kv)
+                .arg(&li)
+                .arg(&mut *part)
+                .arg(&qhi)
+                .arg(&kvhi)
+                .arg(&hdi)
+                .arg(meta)
+                .arg(&scale)
+                .arg(&r0i)
+                .arg(&pi);
+            let cfg = LaunchConfig {
+                grid_dim: (rows_now as u32, qh as u32, parts as u32),
+                block_dim: (ATTEND_THREADS, 1, 1),
+                shared_mem_bytes: shared,
+            };
+            // SAFETY: q holds n × qh × hd; the caches hold pos0 + n rows of kvh × hd (at
+            // most max_len); `part` holds ATTEND_ROWS × qh × parts × (hd + 2).
+            unsafe { b.launch(cfg) }
+                .map(drop)
+                .map_err(|e| device_error("attend_part", e))?;
+            let mut b = self.stream.launch_builder(&self.k.attend_merge);
+            b.arg(&*part)
+                .arg(&mut *out)
+                .arg(&qhi)
+                .arg(&hdi)
+                .arg(meta)
+                .arg(&r0i)
+                .arg(&pi);
+            let cfg = LaunchConfig {
+                grid_dim: (rows_now as u32, qh as u32, 1),
+                block_dim: (ATTEND_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as above; out holds n × qh × hd.
+            unsafe { b.launch(cfg) }
+                .map(drop)
+                .map_err(|e| device_error("attend_merge", e))?;
+            r0 += rows_now;
+        }
+        Ok(())
     }
 
     /// Records the launches `body` queues (and nothing else: no copies, no waits) as a
@@ -468,15 +531,63 @@ fn rows(n: usize, threads: u32, shared: u32) -> LaunchConfig {
     }
 }
 
-/// A weight matrix on the device, row-major `[rows, cols]` `f32`, with its bias.
+/// A weight matrix on the device: `[rows, cols]` as parts of consecutive rows (Q, K and V
+/// side by side may each have their own format), each in its file's own blocks, with the
+/// bias of all its rows.
 pub(crate) struct DeviceMatrix {
-    pub(crate) w: CudaSlice<f32>,
+    pub(crate) parts: Vec<DevicePart>,
     pub(crate) bias: Option<CudaSlice<f32>>,
+    /// What a launch passes for an absent bias (never read).
+    zero: CudaSlice<f32>,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
 }
 
+/// Rows of a [`DeviceMatrix`] in one format.
+pub(crate) struct DevicePart {
+    pub(crate) code: WeightCode,
+    pub(crate) blocks: CudaSlice<u8>,
+    pub(crate) rows: usize,
+    pub(crate) row_bytes: usize,
+}
+
+/// A weight format as the kernels name it (`FMT_*` in the source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub(crate) enum WeightCode {
+    F32 = 0,
+    F16 = 1,
+    BF16 = 2,
+    Q4_0 = 3,
+    Q4_1 = 4,
+    Q5_0 = 5,
+    Q5_1 = 6,
+    Q8_0 = 7,
+    Q4K = 8,
+    Q5K = 9,
+    Q6K = 10,
+}
+
+impl WeightCode {
+    pub(crate) fn of(format: QuantFormat) -> WeightCode {
+        match format {
+            QuantFormat::F32 => WeightCode::F32,
+            QuantFormat::F16 => WeightCode::F16,
+            QuantFormat::BF16 => WeightCode::BF16,
+            QuantFormat::Q4_0 => WeightCode::Q4_0,
+            QuantFormat::Q4_1 => WeightCode::Q4_1,
+            QuantFormat::Q5_0 => WeightCode::Q5_0,
+            QuantFormat::Q5_1 => WeightCode::Q5_1,
+            QuantFormat::Q8_0 => WeightCode::Q8_0,
+            QuantFormat::Q4K => WeightCode::Q4K,
+            QuantFormat::Q5K => WeightCode::Q5K,
+            QuantFormat::Q6K => WeightCode::Q6K,
+        }
+    }
+}
+
 impl DeviceMatrix {
+    /// A dense `f32` matrix (row-major `[rows, cols]`).
     pub(crate) fn upload(
         dev: &CudaDevice,
         w: &[f32],
@@ -484,23 +595,77 @@ impl DeviceMatrix {
         rows: usize,
         cols: usize,
     ) -> Result<Self> {
-        if !cols.is_multiple_of(4) {
+        let part = FilePart {
+            rows,
+            cols,
+            data: FileData::Values(w.to_vec()),
+        };
+        Self::from_parts(dev, vec![part], bias)
+    }
+
+    /// The weight as the file stores it, part by part ([`Linear::file_parts`]).
+    pub(crate) fn from_linear(dev: &CudaDevice, l: &Linear) -> Result<Self> {
+        Self::from_parts(dev, l.file_parts()?, l.bias().as_deref())
+    }
+
+    pub(crate) fn from_parts(
+        dev: &CudaDevice,
+        parts: Vec<FilePart>,
+        bias: Option<&[f32]>,
+    ) -> Result<Self> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        if cols == 0 || !cols.is_multiple_of(32) || parts.iter().any(|p| p.cols != cols) {
             return Err(ModelError::Device(format!(
-                "a {rows} × {cols} weight: the CUDA backend needs a width that is a multiple of 4"
+                "a {rows} × {cols} weight: the CUDA backend needs one width, a multiple of 32"
             )));
         }
-        if w.len() != rows * cols {
+        if bias.is_some_and(|b| b.len() != rows) {
             return Err(ModelError::Device(format!(
-                "a {rows} × {cols} weight given {} values",
-                w.len()
+                "a {rows}-row weight given a bias of {} values",
+                bias.map_or(0, <[f32]>::len)
             )));
+        }
+        let mut out = Vec::with_capacity(parts.len());
+        for p in parts {
+            let (code, bytes) = match p.data {
+                FileData::Blocks { format, bytes } => (WeightCode::of(format), bytes),
+                FileData::Values(v) => (
+                    WeightCode::F32,
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
+            };
+            let row_bytes = bytes.len() / p.rows.max(1);
+            if row_bytes * p.rows != bytes.len() || p.rows == 0 {
+                return Err(ModelError::Device(format!(
+                    "a {} × {cols} weight part of {} bytes",
+                    p.rows,
+                    bytes.len()
+                )));
+            }
+            out.push(DevicePart {
+                code,
+                blocks: dev.upload(&bytes)?,
+                rows: p.rows,
+                row_bytes,
+            });
         }
         Ok(DeviceMatrix {
-            w: dev.upload(w)?,
+            parts: out,
             bias: bias.map(|b| dev.upload(b)).transpose()?,
+            zero: dev.zeros(1)?,
             rows,
             cols,
         })
+    }
+
+    /// Bytes the weights take on the device.
+    pub(crate) fn bytes(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| p.rows * p.row_bytes)
+            .sum::<usize>()
+            + self.bias.as_ref().map_or(0, |_| 4 * self.rows)
     }
 }
 

@@ -51,11 +51,198 @@ __device__ float block_max(float v, float* red) {
 //          start after position 0)
 //   kv   = [K of layer 0, V of layer 0, K of layer 1, ...] (device addresses)
 
-// out[r] = table[meta[2 + r]]; one block per row.
-extern "C" __global__ void embed(const unsigned* meta, const float* table, float* out, int h) {
+// ---- Weights in their file's own blocks ----
+//
+// A weight row is `in` values stored as the GGUF file stores them; `fmt` names the format
+// (the codes of `WeightCode` in device.rs). Every format is read 32 values at a time (a
+// "chunk": a Q4_0..Q8_0 block, a sub-block of a K-quant super-block, 32 dense values), and
+// each value is dequantized as ggml's dequantize_row_* computes it.
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q4_0 3
+#define FMT_Q4_1 4
+#define FMT_Q5_0 5
+#define FMT_Q5_1 6
+#define FMT_Q8_0 7
+#define FMT_Q4K 8
+#define FMT_Q5K 9
+#define FMT_Q6K 10
+
+typedef unsigned char u8;
+
+// An IEEE half's bits as a float (exact; PTX's conversion, so no header is needed).
+__device__ __forceinline__ float half_bits(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float half_at(const u8* p) {
+    return half_bits((unsigned short)p[0] | ((unsigned short)p[1] << 8));
+}
+
+__device__ __forceinline__ unsigned u32_at(const u8* p) {
+    return (unsigned)p[0] | ((unsigned)p[1] << 8) | ((unsigned)p[2] << 16) | ((unsigned)p[3] << 24);
+}
+
+// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K / Q5_K block.
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* d, int* m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Values 32c .. 32c + 31 of a row stored at `row` in format `fmt`, into w.
+__device__ __forceinline__ void chunk_values(int fmt, const u8* row, int c, float* w) {
+    switch (fmt) {
+    case FMT_F32: {
+        const float4* p = reinterpret_cast<const float4*>(row) + 8 * c;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 v = p[i];
+            w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+        }
+        break;
+    }
+    case FMT_F16: {
+        const unsigned short* p = reinterpret_cast<const unsigned short*>(row) + 32 * c;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = half_bits(p[i]);
+        break;
+    }
+    case FMT_BF16: {
+        const unsigned short* p = reinterpret_cast<const unsigned short*>(row) + 32 * c;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = __uint_as_float((unsigned)p[i] << 16);
+        break;
+    }
+    case FMT_Q4_0: {
+        const u8* b = row + 18 * c;
+        float d = half_at(b);
+        const u8* qs = b + 2;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            w[j] = (float)((int)(qs[j] & 0xF) - 8) * d;
+            w[j + 16] = (float)((int)(qs[j] >> 4) - 8) * d;
+        }
+        break;
+    }
+    case FMT_Q4_1: {
+        const u8* b = row + 20 * c;
+        float d = half_at(b), m = half_at(b + 2);
+        const u8* qs = b + 4;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            w[j] = (float)(qs[j] & 0xF) * d + m;
+            w[j + 16] = (float)(qs[j] >> 4) * d + m;
+        }
+        break;
+    }
+    case FMT_Q5_0: {
+        const u8* b = row + 22 * c;
+        float d = half_at(b);
+        unsigned qh = u32_at(b + 2);
+        const u8* qs = b + 6;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int x0 = (qs[j] & 0xF) | (((qh >> j) << 4) & 0x10);
+            int x1 = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            w[j] = (float)(x0 - 16) * d;
+            w[j + 16] = (float)(x1 - 16) * d;
+        }
+        break;
+    }
+    case FMT_Q5_1: {
+        const u8* b = row + 24 * c;
+        float d = half_at(b), m = half_at(b + 2);
+        unsigned qh = u32_at(b + 4);
+        const u8* qs = b + 8;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int x0 = (qs[j] & 0xF) | (((qh >> j) << 4) & 0x10);
+            int x1 = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            w[j] = (float)x0 * d + m;
+            w[j + 16] = (float)x1 * d + m;
+        }
+        break;
+    }
+    case FMT_Q8_0: {
+        const u8* b = row + 34 * c;
+        float d = half_at(b);
+        const signed char* qs = reinterpret_cast<const signed char*>(b + 2);
+#pragma unroll
+        for (int j = 0; j < 32; j++) w[j] = (float)qs[j] * d;
+        break;
+    }
+    case FMT_Q4K: {
+        // 144 bytes per 256 values: d, dmin, scales[12], qs[128]; sub-block s of 32.
+        const u8* b = row + 144 * (c >> 3);
+        int s = c & 7;
+        float d = half_at(b), dmin = half_at(b + 2);
+        int sc, m;
+        scale_min_k4(s, b + 4, &sc, &m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        const u8* q = b + 16 + 32 * (s >> 1);
+        int shift = (s & 1) * 4;
+#pragma unroll
+        for (int l = 0; l < 32; l++) w[l] = d1 * (float)((q[l] >> shift) & 0xF) - m1;
+        break;
+    }
+    case FMT_Q5K: {
+        // 176 bytes per 256 values: d, dmin, scales[12], qh[32], qs[128].
+        const u8* b = row + 176 * (c >> 3);
+        int s = c & 7;
+        float d = half_at(b), dmin = half_at(b + 2);
+        int sc, m;
+        scale_min_k4(s, b + 4, &sc, &m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        const u8* qh = b + 16;
+        const u8* ql = b + 48 + 32 * (s >> 1);
+        int shift = (s & 1) * 4;
+        unsigned u = 1u << s;
+#pragma unroll
+        for (int l = 0; l < 32; l++)
+            w[l] = d1 * (float)(((ql[l] >> shift) & 0xF) + ((qh[l] & u) ? 16 : 0)) - m1;
+        break;
+    }
+    case FMT_Q6K: {
+        // 210 bytes per 256 values: ql[128], qh[64], scales[16] (i8), d; sub-block s of 32.
+        const u8* b = row + 210 * (c >> 3);
+        int s = c & 7;
+        int half = s >> 2, k = s & 3;
+        const u8* ql = b + 64 * half + ((k & 1) ? 32 : 0);
+        const u8* qh = b + 128 + 32 * half;
+        const signed char* sc = reinterpret_cast<const signed char*>(b + 192) + 8 * half;
+        float d = half_at(b + 208);
+        int nshift = (k >> 1) * 4, hshift = 2 * k;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int q = (int)(((ql[l] >> nshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+            w[l] = d * (float)sc[(l >> 4) + 2 * k] * (float)q;
+        }
+        break;
+    }
+    }
+}
+
+// out[r] = the embedding row of token meta[2 + r] (a weight of `h` values a row, in its
+// file's format); one block per row, threads over the row's chunks.
+extern "C" __global__ void embed(const unsigned* meta, const u8* table, int fmt,
+                                 long long row_bytes, float* out, int h) {
     int r = blockIdx.x;
-    const float* src = table + (long long)meta[2 + r] * h;
-    for (int j = threadIdx.x; j < h; j += blockDim.x) out[(long long)r * h + j] = src[j];
+    const u8* src = table + (long long)meta[2 + r] * row_bytes;
+    float w[32];
+    for (int c = threadIdx.x; c < h / 32; c += blockDim.x) {
+        chunk_values(fmt, src, c, w);
+        float* o = out + (long long)r * h + 32 * c;
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[i] = w[i];
+    }
 }
 
 // RMSNorm of rows of `d` values; one block per row.
@@ -70,33 +257,41 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = row[j] * inv * w[j];
 }
 
-// y[r, o] = x[r] . W[o] (+ bias[o]) (+ y[r, o] when accumulating), W row-major [out, in],
-// `in` a multiple of 4. One warp per output; blockIdx.y picks a group of up to ROWS rows,
-// all computed in one pass over W. A row's sum runs in the same order in any group.
-extern "C" __global__ void matvec(const float* W, const float* x, const float* bias, float* y,
-                                  int n, int in, int out, int has_bias, int accumulate) {
+// y[r, y_off + o] = x[r] . W[o] (+ bias[y_off + o]) (+ y[r, y_off + o] when accumulating)
+// for the `rows` rows of a weight part W (row-major, `row_bytes` a row, in its file's
+// format), y rows of `y_stride` values, `in` a multiple of 32. One warp per output; lane l
+// sums chunks l, l + 32, ... in order, then the lanes are summed in a fixed tree: a row's
+// sum runs in the same order whatever rows share the launch. blockIdx.y picks a group of
+// up to ROWS rows, all computed in one pass over W.
+extern "C" __global__ void matvec(const u8* W, int fmt, long long row_bytes, const float* x,
+                                  const float* bias, float* y, int n, int in, int rows,
+                                  int y_stride, int y_off, int has_bias, int accumulate) {
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
-    if (o >= out) return;
+    if (o >= rows) return;
     int r0 = blockIdx.y * ROWS;
     int nr = min(ROWS, n - r0);
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
-    int in4 = in >> 2;
-    const float4* w = reinterpret_cast<const float4*>(W + (long long)o * in);
-    const float4* xs = reinterpret_cast<const float4*>(x + (long long)r0 * in);
-    for (int j = lane; j < in4; j += 32) {
-        float4 a = w[j];
+    const u8* wrow = W + (long long)o * row_bytes;
+    int chunks = in >> 5;
+    float w[32];
+    for (int c = lane; c < chunks; c += 32) {
+        chunk_values(fmt, wrow, c, w);
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             if (r < nr) {
-                float4 b = xs[(long long)r * in4 + j];
+                const float4* xs = reinterpret_cast<const float4*>(x + (long long)(r0 + r) * in + 32 * c);
                 float t = acc[r];
-                t = __fmaf_rn(a.x, b.x, t);
-                t = __fmaf_rn(a.y, b.y, t);
-                t = __fmaf_rn(a.z, b.z, t);
-                t = __fmaf_rn(a.w, b.w, t);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 b = xs[i];
+                    t = __fmaf_rn(w[4 * i], b.x, t);
+                    t = __fmaf_rn(w[4 * i + 1], b.y, t);
+                    t = __fmaf_rn(w[4 * i + 2], b.z, t);
+                    t = __fmaf_rn(w[4 * i + 3], b.w, t);
+                }
                 acc[r] = t;
             }
         }
@@ -105,20 +300,24 @@ extern "C" __global__ void matvec(const float* W, const float* x, const float* b
     for (int r = 0; r < ROWS; r++) {
         float t = warp_sum(acc[r]);
         if (lane == 0 && r < nr) {
-            if (has_bias) t = t + bias[o];
-            float* dst = y + (long long)(r0 + r) * out + o;
+            if (has_bias) t = t + bias[y_off + o];
+            float* dst = y + (long long)(r0 + r) * y_stride + y_off + o;
             *dst = accumulate ? *dst + t : t;
         }
     }
 }
 
-// Splits fused QKV rows ([n, qd + 2 kvd]), rotates Q and K (RoPE at positions pos0 + r),
-// writes Q to q_out ([n, qd]) and K, V into the layer's cache rows row0 + r ([cap, kvd]).
-// One block per row.
+// Splits fused QKV rows ([n, qd + 2 kvd]), norms each Q and K head by its RMS (Qwen3's
+// per-head norms, when `qn` is given), rotates Q and K (RoPE at positions pos0 + r), writes Q
+// to q_out ([n, qd]) and K, V into the layer's cache rows row0 + r ([cap, kvd]). One block
+// per row.
+#define MAX_NORM_HEADS 256
 extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
                                     const unsigned long long* kv, int layer,
                                     const float* cos_t, const float* sin_t, int qh, int kvh,
-                                    int hd, const unsigned* meta, int interleaved) {
+                                    int hd, const unsigned* meta, int interleaved,
+                                    const float* qn, const float* kn, float eps) {
+    __shared__ float inv[MAX_NORM_HEADS];
     float* kc = (float*)kv[2 * layer];
     float* vc = (float*)kv[2 * layer + 1];
     int r = blockIdx.x;
@@ -126,6 +325,18 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
     // The cache row written, and the position rotated for.
     int row = (int)meta[0] + r, p = (int)meta[1] + r;
     const float* src_row = qkv + (long long)r * (qd + 2 * kvd);
+    if (qn) {
+        // One warp per head: lane-strided squares, then the warp's fixed tree.
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+        for (int head = warp; head < qh + kvh; head += warps) {
+            const float* x = src_row + head * hd;
+            float ss = 0.0f;
+            for (int d = lane; d < hd; d += 32) ss = __fmaf_rn(x[d], x[d], ss);
+            ss = warp_sum(ss);
+            if (lane == 0) inv[head] = 1.0f / sqrtf(ss / (float)hd + eps);
+        }
+        __syncthreads();
+    }
     const float* c = cos_t + (long long)p * half;
     const float* s = sin_t + (long long)p * half;
     int pairs_q = qh * half, pairs_k = kvh * half;
@@ -139,6 +350,12 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
             int ia = interleaved ? 2 * i : i;
             int ib = interleaved ? 2 * i + 1 : i + half;
             float a = src[ia], b = src[ib];
+            if (qn) {
+                float k = inv[is_q ? head : qh + head];
+                const float* nw = is_q ? qn : kn;
+                a = a * k * nw[ia];
+                b = b * k * nw[ib];
+            }
             dst[ia] = a * c[i] - b * s[i];
             dst[ib] = a * s[i] + b * c[i];
         } else {
@@ -148,57 +365,96 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
     }
 }
 
-// Causal attention of query rows q ([n, qh, hd], row r at cache row row0 + r) over the
-// layer's cache rows 0..=row0 + r. Grid (n, qh); a block of 32·W threads. Dynamic shared
-// memory: 32 + hd + W·hd + (the longest context) floats. A block's work depends only on
-// its query's position, not on n.
-extern "C" __global__ void attend(const float* q, const unsigned long long* kv, int layer,
-                                  float* out, int qh, int kvh, int hd, const unsigned* meta,
-                                  float scale) {
+// Attention is computed in parts of KEYS consecutive cache positions and merged: no part
+// needs more shared memory than KEYS scores, so the context is not capped by it, and a long
+// context's keys spread over many blocks. Where the parts fall depends only on positions, so
+// a query row's result does not depend on which rows share its launch.
+#define KEYS 256
+
+// Part s of the causal attention of query row r0 + blockIdx.x (q: [n, qh, hd]; cache row
+// row0 + that row) over cache rows s·KEYS .. min(len, (s + 1)·KEYS), len = its row + 1.
+// Grid (rows, qh, parts); a block of 32·W threads. Dynamic shared memory:
+// 32 + hd + W·hd + KEYS floats. Writes, per (row, head, part), hd weighted sums of V then
+// the part's max score and its sum of exponentials, to `part` ([rows, qh, parts, hd + 2]).
+extern "C" __global__ void attend_part(const float* q, const unsigned long long* kv, int layer,
+                                       float* part, int qh, int kvh, int hd,
+                                       const unsigned* meta, float scale, int r0, int parts) {
     extern __shared__ float sh[];
     const float* kc = (const float*)kv[2 * layer];
     const float* vc = (const float*)kv[2 * layer + 1];
-    int row0 = (int)meta[0];
-    int r = blockIdx.x, h = blockIdx.y;
+    int r = r0 + blockIdx.x, h = blockIdx.y, ps = blockIdx.z;
     int g = h / (qh / kvh);
-    int len = row0 + r + 1, kvd = kvh * hd;
+    int len = (int)meta[0] + r + 1, kvd = kvh * hd;
+    int j0 = ps * KEYS;
+    if (j0 >= len) return;
+    int cnt = min(KEYS, len - j0);
     int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float* red = sh;
     float* qs = red + 32;
-    float* part = qs + hd;
-    float* sc = part + warps * hd;
+    float* acc = qs + hd;
+    float* sc = acc + warps * hd;
     const float* qrow = q + ((long long)r * qh + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qrow[d];
     __syncthreads();
     float m = NEG_INF;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-        const float* k = kc + (long long)j * kvd + g * hd;
-        float s = 0.0f;
-        for (int d = 0; d < hd; d++) s = __fmaf_rn(qs[d], k[d], s);
-        s = s * scale;
-        sc[j] = s;
-        m = fmaxf(m, s);
+    for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+        const float* k = kc + (long long)(j0 + j) * kvd + g * hd;
+        float t = 0.0f;
+        for (int d = 0; d < hd; d++) t = __fmaf_rn(qs[d], k[d], t);
+        t = t * scale;
+        sc[j] = t;
+        m = fmaxf(m, t);
     }
     m = block_max(m, red);
     float l = 0.0f;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
         float e = expf(sc[j] - m);
         sc[j] = e;
         l += e;
     }
     l = block_sum(l, red);
-    int chunk = (len + warps - 1) / warps;
-    int j0 = warp * chunk, j1 = min(len, j0 + chunk);
+    int chunk = (cnt + warps - 1) / warps;
+    int a0 = warp * chunk, a1 = min(cnt, a0 + chunk);
     for (int d = lane; d < hd; d += 32) {
-        float acc = 0.0f;
-        const float* v = vc + g * hd + d;
-        for (int j = j0; j < j1; j++) acc = __fmaf_rn(sc[j], v[(long long)j * kvd], acc);
-        part[warp * hd + d] = acc;
+        float t = 0.0f;
+        const float* v = vc + (long long)j0 * kvd + g * hd + d;
+        for (int j = a0; j < a1; j++) t = __fmaf_rn(sc[j], v[(long long)j * kvd], t);
+        acc[warp * hd + d] = t;
     }
     __syncthreads();
+    float* o = part + (((long long)blockIdx.x * qh + h) * parts + ps) * (hd + 2);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float t = 0.0f;
-        for (int w = 0; w < warps; w++) t += part[w * hd + d];
+        for (int w = 0; w < warps; w++) t += acc[w * hd + d];
+        o[d] = t;
+    }
+    if (threadIdx.x == 0) {
+        o[hd] = m;
+        o[hd + 1] = l;
+    }
+}
+
+// Merges the parts of each (row, head) in part order into out ([n, qh, hd]): the largest
+// max first, then the parts' sums rescaled to it. Grid (rows, qh).
+extern "C" __global__ void attend_merge(const float* part, float* out, int qh, int hd,
+                                        const unsigned* meta, int r0, int parts) {
+    int r = r0 + blockIdx.x, h = blockIdx.y;
+    int len = (int)meta[0] + r + 1;
+    int np = (len + KEYS - 1) / KEYS;
+    const float* base = part + ((long long)blockIdx.x * qh + h) * parts * (hd + 2);
+    float m = NEG_INF;
+    for (int s = 0; s < np; s++) m = fmaxf(m, base[s * (hd + 2) + hd]);
+    float l = 0.0f;
+    for (int s = 0; s < np; s++) {
+        const float* ps = base + s * (hd + 2);
+        l += ps[hd + 1] * expf(ps[hd] - m);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float t = 0.0f;
+        for (int s = 0; s < np; s++) {
+            const float* ps = base + s * (hd + 2);
+            t += ps[d] * expf(ps[hd] - m);
+        }
         out[((long long)r * qh + h) * hd + d] = t / l;
     }
 }

@@ -3,10 +3,13 @@
 //!
 //! [`CudaModel`] implements [`LanguageModel`] over [`CudaKvCache`]s (built through
 //! `CacheFactory::Device` with [`CudaCaches`]), so generation, speculative decoding and the
-//! bank use it as they use the CPU model. Weights are dequantized to `f32` on load; the
-//! kernels (`kernels.cu`, compiled at run time by NVRTC, so building needs no CUDA) compute
-//! each row the same way whatever rows share its launch, so a verify block's logits equal a
-//! decode step's bit for bit and greedy speculation stays token-identical.
+//! bank use it as they use the CPU model. Weights stay in their file's own blocks (GGUF
+//! Q4_0 … Q6_K, F16, BF16, F32), dequantized inside the kernels as ggml does, so a token
+//! reads each weight byte once; attention runs in parts of 256 cached positions merged in
+//! order, so the context is the model's own. The kernels (`kernels.cu`, compiled at run
+//! time by NVRTC, so building needs no CUDA) compute each row the same way whatever rows
+//! share its launch, so a verify block's logits equal a decode step's bit for bit and
+//! greedy speculation stays token-identical.
 //!
 //! The driver and NVRTC libraries are loaded when a device is opened: a binary built with
 //! this feature runs on a machine without CUDA, where [`CudaDevice::open`] returns
@@ -17,6 +20,8 @@ mod device;
 mod model;
 mod mtp;
 mod pass;
+#[cfg(test)]
+mod tests;
 
 pub use cache::{CudaCaches, CudaKvCache};
 pub use device::{compile, CudaDevice};

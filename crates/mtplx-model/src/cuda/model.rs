@@ -1,5 +1,6 @@
 //! [`CudaModel`]: the Llama / Qwen2 graph on the device, as a [`LanguageModel`].
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
@@ -13,6 +14,7 @@ use crate::config::Dims;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::model::{Embedding, ForwardOutput, LanguageModel, Model, Want};
+use crate::weights::WeightFormat;
 
 /// A model on a CUDA device.
 ///
@@ -23,95 +25,78 @@ use crate::model::{Embedding, ForwardOutput, LanguageModel, Model, Want};
 pub struct CudaModel {
     pub(super) dev: Arc<CudaDevice>,
     pub(super) config: ModelConfig,
-    /// `[vocab, hidden]`; also the output head when tied, and an MTP head's embedding.
-    pub(super) embed: Arc<CudaSlice<f32>>,
+    /// `[vocab, hidden]` in its file's format: what `embed` reads, and an MTP head's
+    /// embedding. The output head too when tied (the same matrix).
+    pub(super) embed: Arc<DeviceMatrix>,
     pub(super) layers: Vec<Layer>,
     pub(super) final_norm: CudaSlice<f32>,
-    /// `None`: the tied embedding.
-    pub(super) lm_head: Option<DeviceMatrix>,
+    pub(super) lm_head: Arc<DeviceMatrix>,
     pub(super) rope: DeviceRope,
     /// The embedding on the host (the CPU model's own, shared): what `embed` reads, with no
     /// round trip to the device.
     pub(super) host_embed: Embedding,
-    /// Positions a pass may reach: the model's context, or less where an attention block's
-    /// shared memory runs out.
+    /// Positions a pass may reach: the model's context (and its RoPE tables').
     pub(super) max_len: usize,
-    /// Shared memory of an attention block, sized for `max_len`.
-    pub(super) attend_shared: u32,
-    /// Whether passes of up to [`GRAPH_ROWS`] rows replay captured graphs
-    /// (`MTPLX_CUDA_GRAPHS=0` turns them off).
+    /// Whether passes of up to [`GRAPH_ROWS`](super::pass::GRAPH_ROWS) rows replay captured
+    /// graphs (`MTPLX_CUDA_GRAPHS=0` turns them off).
     pub(super) graphs: std::sync::atomic::AtomicBool,
     pub(super) scratch: Mutex<Option<Scratch>>,
 }
 
 impl CudaModel {
-    /// Uploads `model`'s weights (dequantized to `f32`) to `dev`.
+    /// Loads a dense (Llama / Qwen2 / Qwen3) GGUF file or Hugging Face folder onto `dev`,
+    /// each weight in its file's own blocks (see [`CudaModel::from_model`]).
+    pub fn load(path: &Path, dev: Arc<CudaDevice>) -> Result<Self> {
+        Self::from_model(&Model::load(path, WeightFormat::Quantized)?, dev)
+    }
+
+    /// Uploads `model`'s weights to `dev`. A model loaded with [`WeightFormat::Quantized`]
+    /// holds its file's blocks, which the kernels read as they are (GGUF Q4_0, Q4_1, Q5_0,
+    /// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; F32, F16, BF16); weights in another form (the native
+    /// kernels' tiles, types without a device format) go up as `f32` values.
     pub fn from_model(model: &Model, dev: Arc<CudaDevice>) -> Result<Self> {
         let c = model.config().clone();
-        if c.qk_norm {
-            return Err(ModelError::Device(
-                "the CUDA backend does not run per-head Q/K norms (Qwen3) yet".into(),
-            ));
-        }
         let (h, v) = (c.hidden_size, c.vocab_size);
-        let table: Vec<f32> = match &model.embed {
-            Embedding::Table(m) => {
-                let mut t = vec![0f32; v * h];
-                for (r, row) in t.chunks_exact_mut(h).enumerate() {
-                    m.dequantize_row(r, row);
-                }
-                t
-            }
-            Embedding::Dense(t) => t.flatten_all()?.to_vec1::<f32>()?,
-        };
-        let matrix = |l: &crate::Linear| -> Result<DeviceMatrix> {
-            DeviceMatrix::upload(
-                &dev,
-                &l.dense_rows()?,
-                l.bias().as_deref(),
-                l.out_features(),
-                l.in_features(),
-            )
-        };
+        let matrix = |l: &crate::Linear| DeviceMatrix::from_linear(&dev, l);
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
+            let qk_norm = match (&l.q_norm, &l.k_norm) {
+                (Some(q), Some(k)) => Some((dev.upload(q)?, dev.upload(k)?)),
+                _ => None,
+            };
             layers.push(Layer {
                 attn_norm: dev.upload(&l.attn_norm)?,
                 qkv: matrix(&l.qkv)?,
+                qk_norm,
                 o: matrix(&l.o)?,
                 ffn_norm: dev.upload(&l.ffn_norm)?,
                 gate_up: matrix(&l.gate_up)?,
                 down: matrix(&l.down)?,
             });
         }
-        let lm_head = if c.tie_embeddings {
-            None
+        let lm_head = Arc::new(matrix(&model.lm_head)?);
+        let embed = if c.tie_embeddings && lm_head.parts.len() == 1 {
+            lm_head.clone()
         } else {
-            Some(matrix(&model.lm_head)?)
+            let mut table = vec![0f32; v * h];
+            model
+                .embed
+                .lookup(&(0..v as u32).collect::<Vec<_>>(), h, &mut table)?;
+            Arc::new(DeviceMatrix::upload(&dev, &table, None, v, h)?)
         };
-        if !h.is_multiple_of(4) {
-            return Err(ModelError::Device(format!(
-                "hidden size {h}: the CUDA backend needs a multiple of 4"
-            )));
-        }
         let (cos, sin) = model.rope.tables();
         let rope = DeviceRope {
             cos: dev.upload(cos)?,
             sin: dev.upload(sin)?,
             interleaved: model.rope.style() == RopeStyle::Interleaved,
         };
-        let max_len = c
-            .context_length
-            .min(model.rope.max_positions())
-            .min(CudaDevice::max_attend_len(c.head_dim));
-        let attend_shared = CudaDevice::attend_shared_bytes(c.head_dim, max_len)?;
+        let max_len = c.context_length.min(model.rope.max_positions());
         let graphs = std::env::var("MTPLX_CUDA_GRAPHS").map_or(true, |v| v != "0");
         Ok(CudaModel {
             host_embed: model.embed.clone(),
             max_len,
-            attend_shared,
             graphs: std::sync::atomic::AtomicBool::new(graphs),
-            embed: Arc::new(dev.upload(&table)?),
+            embed,
             final_norm: dev.upload(&model.final_norm)?,
             layers,
             lm_head,
@@ -134,7 +119,7 @@ impl CudaModel {
     /// Buffers for passes of up to `rows` rows.
     fn new_scratch(&self, rows: usize) -> Result<Scratch> {
         let c = &self.config;
-        Scratch::new(&self.dev, c, rows, c.num_layers, c.vocab_size)
+        Scratch::new(&self.dev, c, rows, c.num_layers, c.vocab_size, self.max_len)
     }
 
     /// Queues the pass over every layer for `n` rows (whose `meta` and `kv` are on the
@@ -145,8 +130,8 @@ impl CudaModel {
 
     /// The launches of one pass over every layer for `n` rows.
     fn launch_layers(&self, s: &mut Scratch, n: usize) -> Result<()> {
-        let h = self.config.hidden_size;
-        self.dev.embed(&s.meta, &self.embed, &mut s.x, n, h)?;
+        debug_assert_eq!(self.embed.cols, self.config.hidden_size);
+        self.dev.embed(&s.meta, &self.embed, &mut s.x, n)?;
         for (li, l) in self.layers.iter().enumerate() {
             launch_layer(
                 &self.dev,
@@ -156,7 +141,7 @@ impl CudaModel {
                 s,
                 n,
                 &self.rope,
-                self.attend_shared,
+                self.max_len,
             )?;
         }
         Ok(())
@@ -172,20 +157,8 @@ impl CudaModel {
 
     /// The output head over `rows` normed rows of `s.normed` into `s.logits`.
     fn output_head(&self, s: &mut Scratch, rows: usize) -> Result<()> {
-        match &self.lm_head {
-            Some(m) => self.dev.matvec(m, &s.normed, &mut s.logits, rows, false),
-            // The tied embedding, without a second copy of it.
-            None => self.dev.matvec_raw(
-                &self.embed,
-                None,
-                self.config.vocab_size,
-                self.config.hidden_size,
-                &s.normed,
-                &mut s.logits,
-                rows,
-                false,
-            ),
-        }
+        self.dev
+            .matvec(&self.lm_head, &s.normed, &mut s.logits, rows, false)
     }
 }
 
@@ -203,21 +176,21 @@ impl LanguageModel for CudaModel {
     }
 
     fn numerics(&self) -> String {
-        "weights=F32 device=cuda".into()
+        "weights=file-blocks device=cuda".into()
     }
 
     fn weight_bytes(&self) -> usize {
-        // f32 on the device: the embedding, the layers' matrices, the head.
-        let c = &self.config;
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let (qd, kvd, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
-        let layer = h * (qd + 2 * kvd) + qd * h + 3 * h * ff;
-        let head = if self.lm_head.is_some() {
-            c.vocab_size * h
-        } else {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
+            .sum();
+        let head = if Arc::ptr_eq(&self.embed, &self.lm_head) {
             0
+        } else {
+            self.lm_head.bytes()
         };
-        4 * (c.vocab_size * h + c.num_layers * layer + head)
+        self.embed.bytes() + layers + head
     }
 
     fn is_batch_invariant(&self) -> bool {

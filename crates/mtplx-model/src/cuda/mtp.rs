@@ -26,7 +26,7 @@ use crate::{LanguageModel, Linear};
 pub struct CudaMtpHead {
     dev: Arc<CudaDevice>,
     config: ModelConfig,
-    table: Arc<CudaSlice<f32>>,
+    table: Arc<DeviceMatrix>,
     norm_embedding: CudaSlice<f32>,
     norm_hidden: CudaSlice<f32>,
     /// `fc`'s columns for the embedding half and for the hidden half (`[H, H]` each).
@@ -39,7 +39,6 @@ pub struct CudaMtpHead {
     ids: Option<Vec<u32>>,
     rope: DeviceRope,
     max_len: usize,
-    attend_shared: u32,
     graphs: AtomicBool,
     scratch: Mutex<Option<Scratch>>,
 }
@@ -63,7 +62,7 @@ impl CudaMtpHead {
         let c = head.config.clone();
         if c.qk_norm {
             return Err(ModelError::Device(
-                "the CUDA backend does not run per-head Q/K norms (Qwen3) yet".into(),
+                "the CUDA backend's MTP head does not run per-head Q/K norms (Qwen3) yet".into(),
             ));
         }
         let h = c.hidden_size;
@@ -77,6 +76,7 @@ impl CudaMtpHead {
         let layer = Layer {
             attn_norm: dev.upload(&l.attn_norm)?,
             qkv: concat(&dev, &[&l.q, &l.k, &l.v])?,
+            qk_norm: None,
             o: concat(&dev, &[&l.o])?,
             ffn_norm: dev.upload(&l.ffn_norm)?,
             gate_up: concat(&dev, &[&l.gate, &l.up])?,
@@ -101,7 +101,6 @@ impl CudaMtpHead {
             ids: head.ids.clone(),
             rope,
             max_len,
-            attend_shared: trunk.attend_shared,
             graphs: AtomicBool::new(trunk.graphs.load(std::sync::atomic::Ordering::Relaxed)),
             scratch: Mutex::new(None),
             config: c,
@@ -116,12 +115,12 @@ impl CudaMtpHead {
         let (h, eps) = (c.hidden_size, c.rms_norm_eps);
         let dev = &*self.dev;
         let [hidden, ne, nh] = &mut s.head_in;
-        dev.embed(&s.meta, &self.table, &mut s.x, n, h)?;
+        dev.embed(&s.meta, &self.table, &mut s.x, n)?;
         dev.rms_norm(&s.x, &self.norm_embedding, ne, n, h, eps)?;
         dev.rms_norm(hidden, &self.norm_hidden, nh, n, h, eps)?;
         dev.matvec(&self.fc_embedding, ne, &mut s.x, n, false)?;
         dev.matvec(&self.fc_hidden, nh, &mut s.x, n, true)?;
-        launch_layer(dev, c, &self.layer, 0, s, n, &self.rope, self.attend_shared)?;
+        launch_layer(dev, c, &self.layer, 0, s, n, &self.rope, self.max_len)?;
         dev.rms_norm_rows(&s.x, n - 1, &self.norm, &mut s.normed, 1, h, eps)?;
         dev.matvec(&self.out, &s.normed, &mut s.logits, 1, false)
     }
@@ -208,7 +207,7 @@ impl MtpRunner for CudaMtpHead {
         cache.reserve(row0 + n)?;
         let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let s = fit(&mut guard, n, |rows| {
-            Scratch::with_head_inputs(&self.dev, c, rows, 1, self.out.rows, true)
+            Scratch::with_head_inputs(&self.dev, c, rows, 1, self.out.rows, self.max_len, true)
         })?;
         let dev = &*self.dev;
         s.begin(dev, cache, row0, pos0, next)?;

@@ -15,6 +15,8 @@ use crate::error::Result;
 pub(super) struct Layer {
     pub(super) attn_norm: CudaSlice<f32>,
     pub(super) qkv: DeviceMatrix,
+    /// Qwen3's per-head Q and K norms.
+    pub(super) qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     pub(super) o: DeviceMatrix,
     pub(super) ffn_norm: CudaSlice<f32>,
     pub(super) gate_up: DeviceMatrix,
@@ -36,6 +38,8 @@ pub(super) struct Scratch {
     pub(super) qkv: CudaSlice<f32>,
     pub(super) q: CudaSlice<f32>,
     pub(super) attn: CudaSlice<f32>,
+    /// Attention's parts before they are merged (see `kernels.cu`).
+    pub(super) attn_parts: CudaSlice<f32>,
     pub(super) gate_up: CudaSlice<f32>,
     pub(super) act: CudaSlice<f32>,
     pub(super) logits: CudaSlice<f32>,
@@ -46,15 +50,16 @@ pub(super) struct Scratch {
 
 impl Scratch {
     /// Buffers for `rows` rows of `c`'s geometry over `layers` layers of K/V, with `out`
-    /// scores per row.
+    /// scores per row, attending over up to `max_len` positions.
     pub(super) fn new(
         dev: &CudaDevice,
         c: &ModelConfig,
         rows: usize,
         layers: usize,
         out: usize,
+        max_len: usize,
     ) -> Result<Self> {
-        Self::with_head_inputs(dev, c, rows, layers, out, false)
+        Self::with_head_inputs(dev, c, rows, layers, out, max_len, false)
     }
 
     pub(super) fn with_head_inputs(
@@ -63,6 +68,7 @@ impl Scratch {
         rows: usize,
         layers: usize,
         out: usize,
+        max_len: usize,
         head: bool,
     ) -> Result<Self> {
         let head_rows = if head { rows * c.hidden_size } else { 1 };
@@ -79,6 +85,11 @@ impl Scratch {
             qkv: dev.zeros(rows * (qd + 2 * kvd))?,
             q: dev.zeros(rows * qd)?,
             attn: dev.zeros(rows * qd)?,
+            attn_parts: dev.zeros(CudaDevice::attend_part_floats(
+                rows,
+                (c.num_heads, c.num_kv_heads, hd),
+                max_len,
+            ))?,
             gate_up: dev.zeros(rows * 2 * i)?,
             act: dev.zeros(rows * i)?,
             logits: dev.zeros(rows * out)?,
@@ -189,7 +200,7 @@ pub(super) fn launch_layer(
     s: &mut Scratch,
     n: usize,
     rope: &DeviceRope,
-    attend_shared: u32,
+    max_len: usize,
 ) -> Result<()> {
     let (h, hd) = (c.hidden_size, c.head_dim);
     let heads = (c.num_heads, c.num_kv_heads, hd);
@@ -197,17 +208,29 @@ pub(super) fn launch_layer(
     let scale = 1.0 / (hd as f32).sqrt();
     dev.rms_norm(&s.x, &l.attn_norm, &mut s.normed, n, h, eps)?;
     dev.matvec(&l.qkv, &s.normed, &mut s.qkv, n, false)?;
-    dev.qkv_post(&s.qkv, &mut s.q, &s.kv, li, rope, heads, n, &s.meta)?;
+    dev.qkv_post(
+        &s.qkv,
+        &mut s.q,
+        &s.kv,
+        li,
+        rope,
+        heads,
+        n,
+        &s.meta,
+        l.qk_norm.as_ref(),
+        eps,
+    )?;
     dev.attend(
         &s.q,
         &s.kv,
         li,
+        &mut s.attn_parts,
         &mut s.attn,
         heads,
         n,
         &s.meta,
         scale,
-        attend_shared,
+        max_len,
     )?;
     dev.matvec(&l.o, &s.attn, &mut s.x, n, true)?;
     dev.rms_norm(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps)?;

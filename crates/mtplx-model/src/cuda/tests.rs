@@ -1,0 +1,260 @@
+//! The device kernels against host references: every weight format dequantized as the
+//! kernels crate (ggml's arithmetic) does, bit for bit; products over them; attention past
+//! many key parts. Skipped without a device unless `MTPLX_CUDA_TESTS=1`.
+
+use std::sync::Arc;
+
+use half::f16;
+use mtplx_kv::{KvCache, KvShape};
+
+use super::cache::CudaKvCache;
+use super::device::{CudaDevice, DeviceMatrix};
+use crate::kernels::{QuantFormat, QuantMatrix};
+use crate::weights::{FileData, FilePart};
+
+fn device() -> Option<Arc<CudaDevice>> {
+    match CudaDevice::open(0) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var_os("MTPLX_CUDA_TESTS").is_some() => {
+            panic!("MTPLX_CUDA_TESTS is set but there is no usable device: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped, no CUDA device: {e}");
+            None
+        }
+    }
+}
+
+/// xorshift64*: the same numbers on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    fn half(&mut self, scale: f32) -> [u8; 2] {
+        f16::from_f32(self.unit() * scale).to_le_bytes()
+    }
+}
+
+/// `rows` random rows of `cols` values in `format`'s blocks: random bits, with the scales
+/// (and the dense formats' values) finite.
+fn random_blocks(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let blocks = rows * cols / format.block_len();
+    let bb = format.block_bytes();
+    let mut out = Vec::with_capacity(blocks * bb);
+    for _ in 0..blocks {
+        let mut b: Vec<u8> = (0..bb).map(|_| rng.next() as u8).collect();
+        match format {
+            QuantFormat::F32 => b.copy_from_slice(&rng.unit().to_le_bytes()),
+            QuantFormat::F16 => b.copy_from_slice(&rng.half(4.0)),
+            QuantFormat::BF16 => {
+                b.copy_from_slice(&half::bf16::from_f32(rng.unit() * 4.0).to_le_bytes())
+            }
+            QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => {
+                b[..2].copy_from_slice(&rng.half(0.1))
+            }
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => {
+                b[..2].copy_from_slice(&rng.half(0.1));
+                b[2..4].copy_from_slice(&rng.half(0.1));
+            }
+            QuantFormat::Q6K => b[208..].copy_from_slice(&rng.half(0.1)),
+        }
+        out.extend(b);
+    }
+    out
+}
+
+fn matrix(
+    dev: &CudaDevice,
+    format: QuantFormat,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+) -> DeviceMatrix {
+    let part = FilePart {
+        rows,
+        cols,
+        data: FileData::Blocks {
+            format,
+            bytes: bytes.to_vec(),
+        },
+    };
+    DeviceMatrix::from_parts(dev, vec![part], None).unwrap()
+}
+
+/// Every format's rows, read by the embedding kernel, are the kernels crate's dequantized
+/// rows (ggml's arithmetic) bit for bit.
+#[test]
+fn every_format_dequantizes_as_ggml_does() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let (rows, cols) = (37, 512);
+    for format in QuantFormat::ALL {
+        let bytes = random_blocks(format, rows, cols, &mut rng);
+        let host = QuantMatrix::from_gguf_bytes(format, &bytes, rows, cols).unwrap();
+        let m = matrix(&dev, format, &bytes, rows, cols);
+        let tokens: Vec<u32> = (0..rows as u32).rev().collect();
+        let mut meta = vec![0u32, 0];
+        meta.extend(&tokens);
+        let meta = dev.upload(&meta).unwrap();
+        let mut out = dev.zeros::<f32>(rows * cols).unwrap();
+        dev.embed(&meta, &m, &mut out, rows).unwrap();
+        let mut got = vec![0f32; rows * cols];
+        dev.read(&out, 0, &mut got).unwrap();
+        let mut want = vec![0f32; cols];
+        for (i, &t) in tokens.iter().enumerate() {
+            host.dequantize_row(t as usize, &mut want);
+            let row = &got[i * cols..(i + 1) * cols];
+            for (j, (a, b)) in row.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{format:?} row {t} value {j}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+/// Products over every format equal a float64 product of the dequantized rows (to f32
+/// rounding), and a row's result does not depend on how many rows share the launch.
+#[test]
+fn products_over_every_format_are_right_and_row_invariant() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(7);
+    let (rows, cols, n) = (70, 768, 11);
+    for format in QuantFormat::ALL {
+        let bytes = random_blocks(format, rows, cols, &mut rng);
+        let host = QuantMatrix::from_gguf_bytes(format, &bytes, rows, cols).unwrap();
+        let m = matrix(&dev, format, &bytes, rows, cols);
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+        let xd = dev.upload(&x).unwrap();
+        let mut y = dev.zeros::<f32>(n * rows).unwrap();
+        dev.matvec(&m, &xd, &mut y, n, false).unwrap();
+        let mut all = vec![0f32; n * rows];
+        dev.read(&y, 0, &mut all).unwrap();
+        let mut w = vec![0f32; cols];
+        for o in 0..rows {
+            host.dequantize_row(o, &mut w);
+            for r in 0..n {
+                let exact: f64 = w
+                    .iter()
+                    .zip(&x[r * cols..(r + 1) * cols])
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum();
+                let mag: f64 = w
+                    .iter()
+                    .zip(&x[r * cols..(r + 1) * cols])
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
+                let got = all[r * rows + o] as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-5 * mag.max(1e-30),
+                    "{format:?} out {o} row {r}: {got} vs {exact}"
+                );
+            }
+        }
+        // The last row alone: the same bits.
+        let last = dev.upload(&x[(n - 1) * cols..]).unwrap();
+        let mut y1 = dev.zeros::<f32>(rows).unwrap();
+        dev.matvec(&m, &last, &mut y1, 1, false).unwrap();
+        let mut one = vec![0f32; rows];
+        dev.read(&y1, 0, &mut one).unwrap();
+        assert_eq!(one, all[(n - 1) * rows..], "{format:?}");
+    }
+}
+
+/// Attention over 20,000 cached positions (79 parts of 256) equals a float64 softmax, and a
+/// query row's output is the same bits alone or in a block of rows.
+#[test]
+fn attention_runs_past_many_parts_and_is_row_invariant() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(11);
+    let (qh, kvh, hd, len) = (4usize, 2usize, 64usize, 20_000usize);
+    let shape = KvShape {
+        layers: 1,
+        kv_heads: kvh,
+        head_dim: hd,
+    };
+    let row = kvh * hd;
+    let k: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
+    let v: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
+    let mut cache = CudaKvCache::new(dev.clone(), shape);
+    cache.append(0, &k, &v).unwrap();
+    let kv = dev.upload(&cache.addresses()).unwrap();
+    let n = 3;
+    let row0 = len - n;
+    let q: Vec<f32> = (0..n * qh * hd).map(|_| rng.unit() * 4.0).collect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let run = |rows: usize, first: usize| -> Vec<f32> {
+        let meta = dev
+            .upload(&[(row0 + first) as u32, (row0 + first) as u32])
+            .unwrap();
+        let qd = dev
+            .upload(&q[first * qh * hd..(first + rows) * qh * hd])
+            .unwrap();
+        let mut parts = dev
+            .zeros::<f32>(CudaDevice::attend_part_floats(rows, (qh, kvh, hd), len))
+            .unwrap();
+        let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
+        dev.attend(
+            &qd,
+            &kv,
+            0,
+            &mut parts,
+            &mut out,
+            (qh, kvh, hd),
+            rows,
+            &meta,
+            scale,
+            len,
+        )
+        .unwrap();
+        let mut host = vec![0f32; rows * qh * hd];
+        dev.read(&out, 0, &mut host).unwrap();
+        host
+    };
+    let block = run(n, 0);
+    for r in 0..n {
+        let upto = row0 + r + 1;
+        for h in 0..qh {
+            let g = h / (qh / kvh);
+            let qr = &q[(r * qh + h) * hd..(r * qh + h + 1) * hd];
+            let scores: Vec<f64> = (0..upto)
+                .map(|j| {
+                    let kr = &k[j * row + g * hd..j * row + (g + 1) * hd];
+                    qr.iter()
+                        .zip(kr)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            for d in 0..hd {
+                let want: f64 = (0..upto)
+                    .map(|j| e[j] * v[j * row + g * hd + d] as f64)
+                    .sum::<f64>()
+                    / l;
+                let got = block[(r * qh + h) * hd + d] as f64;
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "row {r} head {h} dim {d}: {got} vs {want}"
+                );
+            }
+        }
+    }
+    let alone = run(1, n - 1);
+    assert_eq!(alone, block[(n - 1) * qh * hd..], "the last row alone");
+}
