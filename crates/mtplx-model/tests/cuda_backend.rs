@@ -88,13 +88,7 @@ fn the_kernels_compile() {
     match mtplx_model::cuda::compile("compute_90") {
         Ok(ptx) => {
             for kernel in [
-                "embed",
-                "rms_norm",
-                "matvec",
-                "qkv_post",
-                "attend_part",
-                "attend_merge",
-                "silu_mul",
+                "embed", "rms_norm", "matvec_4", "matvec_8", "qkv_post", "attend", "silu_mul",
             ] {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),

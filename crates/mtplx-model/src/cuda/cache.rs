@@ -63,6 +63,8 @@ impl CudaKvCache {
             k.push(nk);
             v.push(nv);
         }
+        // The old buffers are freed on the stream: not while a pass is being captured.
+        let _host = self.dev.host_ops();
         self.k = k;
         self.v = v;
         self.capacity = cap;
@@ -294,6 +296,16 @@ impl KvCache for CudaKvCache {
 
     fn device_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
+    }
+}
+
+impl Drop for CudaKvCache {
+    /// Frees the buffers on the stream, never while a pass is being captured (a server drops
+    /// caches on threads other than its engine's).
+    fn drop(&mut self) {
+        let _host = self.dev.host_ops();
+        self.k.clear();
+        self.v.clear();
     }
 }
 

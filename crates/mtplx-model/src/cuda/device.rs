@@ -56,20 +56,26 @@ pub(crate) fn device_error(what: &str, e: impl std::fmt::Display) -> ModelError 
 struct Kernels {
     embed: CudaFunction,
     rms_norm: CudaFunction,
-    matvec: CudaFunction,
-    qkv_post: CudaFunction,
-    attend_part: CudaFunction,
-    attend_merge: CudaFunction,
+    /// One per weight format, by [`WeightCode`].
+    matvec: Vec<CudaFunction>,
     silu_mul: CudaFunction,
+    qkv_post: CudaFunction,
+    attend: CudaFunction,
 }
 
 /// A CUDA device with the backend's kernels loaded. Every launch and copy goes to one
 /// stream, in order; copies to the host wait for what came before them.
+///
+/// The model's passes run on one thread, but a server restores caches (copies rows in,
+/// allocates, frees) on others: those copies, allocations and frees wait for `host_ops`,
+/// which a graph capture holds from its start to its end, so nothing another thread queues
+/// is ever recorded into a captured pass.
 pub struct CudaDevice {
     ordinal: usize,
     name: String,
     stream: Arc<CudaStream>,
     k: Kernels,
+    host_ops: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -107,11 +113,12 @@ impl CudaDevice {
         let k = Kernels {
             embed: f("embed")?,
             rms_norm: f("rms_norm")?,
-            matvec: f("matvec")?,
-            qkv_post: f("qkv_post")?,
-            attend_part: f("attend_part")?,
-            attend_merge: f("attend_merge")?,
+            matvec: (0..WeightCode::COUNT)
+                .map(|c| f(&format!("matvec_{c}")))
+                .collect::<Result<_>>()?,
             silu_mul: f("silu_mul")?,
+            qkv_post: f("qkv_post")?,
+            attend: f("attend")?,
         };
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx
@@ -122,7 +129,14 @@ impl CudaDevice {
             name,
             stream,
             k,
+            host_ops: std::sync::Mutex::new(()),
         }))
+    }
+
+    /// Held while a copy, allocation or free is queued from the host, and through a whole
+    /// graph capture (see the type's docs).
+    pub(crate) fn host_ops(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.host_ops.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn ordinal(&self) -> usize {
@@ -141,6 +155,7 @@ impl CudaDevice {
         if host.is_empty() {
             return self.zeros(1);
         }
+        let _host = self.host_ops();
         self.stream
             .memcpy_stod(host)
             .map_err(|e| device_error("copy to the device", e))
@@ -150,6 +165,7 @@ impl CudaDevice {
         &self,
         len: usize,
     ) -> Result<CudaSlice<T>> {
+        let _host = self.host_ops();
         self.stream
             .alloc_zeros(len.max(1))
             .map_err(|e| device_error("allocate device memory", e))
@@ -166,6 +182,7 @@ impl CudaDevice {
             return Ok(());
         }
         let mut view = dst.slice_mut(at..at + host.len());
+        let _host = self.host_ops();
         self.stream
             .memcpy_htod(host, &mut view)
             .map_err(|e| device_error("copy to the device", e))
@@ -182,6 +199,7 @@ impl CudaDevice {
             return Ok(());
         }
         let view = src.slice(at..at + host.len());
+        let _host = self.host_ops();
         self.stream
             .memcpy_dtoh(&view, host)
             .map_err(|e| device_error("copy from the device", e))?;
@@ -208,6 +226,7 @@ impl CudaDevice {
         }
         let view = src.slice(..len);
         let mut out = dst.slice_mut(..len);
+        let _host = self.host_ops();
         self.stream
             .memcpy_dtod(&view, &mut out)
             .map_err(|e| device_error("copy on the device", e))
@@ -277,7 +296,7 @@ impl CudaDevice {
     }
 
     /// `y = x Wᵀ (+ bias) (+ y when accumulating)` for `n` rows: one launch per part of
-    /// `w`, each writing its own columns of `y`.
+    /// `w` (by its format's kernel), each writing its own columns of `y`.
     pub(crate) fn matvec(
         &self,
         w: &DeviceMatrix,
@@ -289,14 +308,15 @@ impl CudaDevice {
         let (ni, inn, stride) = (n as i32, w.cols as i32, w.rows as i32);
         let has_bias = i32::from(w.bias.is_some());
         let acc = i32::from(accumulate);
+        let bias = w.bias.as_ref().unwrap_or(&w.zero);
         let mut y_off = 0i32;
         for part in &w.parts {
-            let bias = w.bias.as_ref().unwrap_or(&w.zero);
-            let (fmt, row_bytes, rows_out) = (part.code as i32, part.row_bytes as i64, part.rows);
+            let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
             let ri = rows_out as i32;
-            let mut b = self.stream.launch_builder(&self.k.matvec);
+            let mut b = self
+                .stream
+                .launch_builder(&self.k.matvec[part.code as usize]);
             b.arg(&part.blocks)
-                .arg(&fmt)
                 .arg(&row_bytes)
                 .arg(x)
                 .arg(bias)
@@ -318,14 +338,36 @@ impl CudaDevice {
                 shared_mem_bytes: 0,
             };
             // SAFETY: the part holds rows_out rows of row_bytes bytes of `cols` values (a
-            // multiple of 32, checked at upload); x holds n × cols, y n × w.rows; bias
-            // w.rows when present.
+            // multiple of 32, checked at upload) in its code's format; x holds n × cols, y
+            // n × w.rows; bias w.rows when present.
             unsafe { b.launch(cfg) }
                 .map(drop)
                 .map_err(|e| device_error("matvec", e))?;
             y_off += ri;
         }
         Ok(())
+    }
+
+    pub(crate) fn silu_mul(
+        &self,
+        gate_up: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        width: usize,
+    ) -> Result<()> {
+        let total = n * width;
+        let (w, t) = (width as i32, total as i32);
+        let mut b = self.stream.launch_builder(&self.k.silu_mul);
+        b.arg(gate_up).arg(out).arg(&w).arg(&t);
+        let cfg = LaunchConfig {
+            grid_dim: ((total as u32).div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: gate_up holds n × 2·width, out n × width.
+        unsafe { b.launch(cfg) }
+            .map(drop)
+            .map_err(|e| device_error("silu_mul", e))
     }
 
     /// Waits for everything queued so far.
@@ -382,6 +424,11 @@ impl CudaDevice {
     /// Shared memory of an attention part's block.
     fn attend_shared_bytes(head_dim: usize) -> Result<u32> {
         let warps = (ATTEND_THREADS / 32) as usize;
+        if !head_dim.is_multiple_of(4) {
+            return Err(ModelError::Device(format!(
+                "heads of {head_dim} values: the CUDA backend needs a multiple of 4"
+            )));
+        }
         let shared = (32 + head_dim + warps * head_dim + ATTEND_KEYS) * 4;
         if shared > MAX_SHARED_BYTES {
             return Err(ModelError::Device(format!(
@@ -392,27 +439,17 @@ impl CudaDevice {
         Ok(shared as u32)
     }
 
-    /// Floats of the attention parts' buffer for passes over contexts of up to `max_len`
-    /// positions ([`ATTEND_ROWS`] rows at a time).
-    pub(crate) fn attend_part_floats(
-        rows: usize,
-        heads: (usize, usize, usize),
-        max_len: usize,
-    ) -> usize {
-        let (qh, _, hd) = heads;
-        rows.min(ATTEND_ROWS) * qh * max_len.div_ceil(ATTEND_KEYS) * (hd + 2)
-    }
-
     /// Causal attention of `n` query rows over the layer's cache rows, in parts of
     /// [`ATTEND_KEYS`] positions (as many as `max_len` needs: the launch's shape does not
-    /// change with the context, so a captured pass replays at any length) merged in order.
+    /// change with the context, so a captured pass replays at any length), merged in order
+    /// by the last part of each row and head to finish.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attend(
         &self,
         q: &CudaSlice<f32>,
         kv: &CudaSlice<u64>,
         layer: usize,
-        part: &mut CudaSlice<f32>,
+        parts: &mut AttendParts,
         out: &mut CudaSlice<f32>,
         heads: (usize, usize, usize),
         n: usize,
@@ -422,18 +459,20 @@ impl CudaDevice {
     ) -> Result<()> {
         let (qh, kvh, hd) = heads;
         let shared = Self::attend_shared_bytes(hd)?;
-        let parts = max_len.div_ceil(ATTEND_KEYS);
-        let (qhi, kvhi, hdi, li, pi) =
-            (qh as i32, kvh as i32, hd as i32, layer as i32, parts as i32);
+        let count = max_len.div_ceil(ATTEND_KEYS);
+        let (qhi, kvhi, hdi) = (qh as i32, kvh as i32, hd as i32);
+        let (li, pi) = (layer as i32, count as i32);
         let mut r0 = 0;
         while r0 < n {
             let rows_now = (n - r0).min(ATTEND_ROWS);
             let r0i = r0 as i32;
-            let mut b = self.stream.launch_builder(&self.k.attend_part);
+            let mut b = self.stream.launch_builder(&self.k.attend);
             b.arg(q)
                 .arg(kv)
                 .arg(&li)
-                .arg(&mut *part)
+                .arg(&mut parts.values)
+                .arg(&mut parts.done)
+                .arg(&mut *out)
                 .arg(&qhi)
                 .arg(&kvhi)
                 .arg(&hdi)
@@ -442,32 +481,16 @@ impl CudaDevice {
                 .arg(&r0i)
                 .arg(&pi);
             let cfg = LaunchConfig {
-                grid_dim: (rows_now as u32, qh as u32, parts as u32),
+                grid_dim: (rows_now as u32, qh as u32, count as u32),
                 block_dim: (ATTEND_THREADS, 1, 1),
                 shared_mem_bytes: shared,
             };
-            // SAFETY: q holds n × qh × hd; the caches hold pos0 + n rows of kvh × hd (at
-            // most max_len); `part` holds ATTEND_ROWS × qh × parts × (hd + 2).
+            // SAFETY: q and out hold n × qh × hd; the caches hold pos0 + n rows of kvh × hd
+            // (at most max_len); `parts` was made for these heads and max_len
+            // ([`AttendParts::new`]), its counters all 0 between launches.
             unsafe { b.launch(cfg) }
                 .map(drop)
-                .map_err(|e| device_error("attend_part", e))?;
-            let mut b = self.stream.launch_builder(&self.k.attend_merge);
-            b.arg(&*part)
-                .arg(&mut *out)
-                .arg(&qhi)
-                .arg(&hdi)
-                .arg(meta)
-                .arg(&r0i)
-                .arg(&pi);
-            let cfg = LaunchConfig {
-                grid_dim: (rows_now as u32, qh as u32, 1),
-                block_dim: (ATTEND_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: as above; out holds n × qh × hd.
-            unsafe { b.launch(cfg) }
-                .map(drop)
-                .map_err(|e| device_error("attend_merge", e))?;
+                .map_err(|e| device_error("attend", e))?;
             r0 += rows_now;
         }
         Ok(())
@@ -479,6 +502,7 @@ impl CudaDevice {
     /// The stream must not be used from another thread meanwhile (whatever it queued would
     /// be recorded too): see [`CudaModel`](super::CudaModel)'s threading rule.
     pub(crate) fn capture(&self, body: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+        let _host = self.host_ops();
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| device_error("begin a graph capture", e))?;
@@ -499,28 +523,6 @@ impl CudaDevice {
             .launch()
             .map_err(|e| device_error("launch a graph", e))
     }
-
-    pub(crate) fn silu_mul(
-        &self,
-        gate_up: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        width: usize,
-    ) -> Result<()> {
-        let total = n * width;
-        let (w, t) = (width as i32, total as i32);
-        let mut b = self.stream.launch_builder(&self.k.silu_mul);
-        b.arg(gate_up).arg(out).arg(&w).arg(&t);
-        let cfg = LaunchConfig {
-            grid_dim: ((total as u32).div_ceil(256), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: gate_up holds n × 2·width, out n × width.
-        unsafe { b.launch(cfg) }
-            .map(drop)
-            .map_err(|e| device_error("silu_mul", e))
-    }
 }
 
 fn rows(n: usize, threads: u32, shared: u32) -> LaunchConfig {
@@ -528,6 +530,31 @@ fn rows(n: usize, threads: u32, shared: u32) -> LaunchConfig {
         grid_dim: (n as u32, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: shared,
+    }
+}
+
+/// The buffers attention's parts meet in: their sums, and per (row, head) of a launch how
+/// many parts have finished.
+pub(crate) struct AttendParts {
+    values: CudaSlice<f32>,
+    done: CudaSlice<i32>,
+}
+
+impl AttendParts {
+    /// For launches of up to `rows` query rows (at most [`ATTEND_ROWS`] at a time) of
+    /// `heads` over contexts of up to `max_len` positions.
+    pub(crate) fn new(
+        dev: &CudaDevice,
+        rows: usize,
+        heads: (usize, usize, usize),
+        max_len: usize,
+    ) -> Result<Self> {
+        let (qh, _, hd) = heads;
+        let rows = rows.min(ATTEND_ROWS);
+        Ok(AttendParts {
+            values: dev.zeros(rows * qh * max_len.div_ceil(ATTEND_KEYS) * (hd + 2))?,
+            done: dev.zeros(rows * qh)?,
+        })
     }
 }
 
@@ -569,6 +596,9 @@ pub(crate) enum WeightCode {
 }
 
 impl WeightCode {
+    /// How many there are (the kernels `matvec_0` … `matvec_10`).
+    pub(crate) const COUNT: usize = 11;
+
     pub(crate) fn of(format: QuantFormat) -> WeightCode {
         match format {
             QuantFormat::F32 => WeightCode::F32,
@@ -626,7 +656,9 @@ impl DeviceMatrix {
                 bias.map_or(0, <[f32]>::len)
             )));
         }
-        let mut out = Vec::with_capacity(parts.len());
+        // Consecutive parts of one format become one (Q, K and V of a file that keeps
+        // them alike: one launch, not three).
+        let mut merged: Vec<(WeightCode, Vec<u8>, usize)> = Vec::with_capacity(parts.len());
         for p in parts {
             let (code, bytes) = match p.data {
                 FileData::Blocks { format, bytes } => (WeightCode::of(format), bytes),
@@ -635,19 +667,28 @@ impl DeviceMatrix {
                     v.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 ),
             };
-            let row_bytes = bytes.len() / p.rows.max(1);
-            if row_bytes * p.rows != bytes.len() || p.rows == 0 {
+            if p.rows == 0 || !bytes.len().is_multiple_of(p.rows) {
                 return Err(ModelError::Device(format!(
                     "a {} × {cols} weight part of {} bytes",
                     p.rows,
                     bytes.len()
                 )));
             }
+            match merged.last_mut() {
+                Some((c, b, r)) if *c == code => {
+                    b.extend_from_slice(&bytes);
+                    *r += p.rows;
+                }
+                _ => merged.push((code, bytes, p.rows)),
+            }
+        }
+        let mut out = Vec::with_capacity(merged.len());
+        for (code, bytes, rows) in merged {
             out.push(DevicePart {
                 code,
+                row_bytes: bytes.len() / rows,
                 blocks: dev.upload(&bytes)?,
-                rows: p.rows,
-                row_bytes,
+                rows,
             });
         }
         Ok(DeviceMatrix {

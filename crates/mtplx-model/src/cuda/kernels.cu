@@ -133,13 +133,19 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* row, int c, floa
         break;
     }
     case FMT_Q4_1: {
-        const u8* b = row + 20 * c;
-        float d = half_at(b), m = half_at(b + 2);
-        const u8* qs = b + 4;
+        // 20-byte blocks: rows and blocks start 4-byte aligned, so five 32-bit loads.
+        const unsigned* b = reinterpret_cast<const unsigned*>(row + 20 * c);
+        unsigned dm = b[0];
+        float d = half_bits((unsigned short)(dm & 0xFFFF)), m = half_bits((unsigned short)(dm >> 16));
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            w[j] = (float)(qs[j] & 0xF) * d + m;
-            w[j + 16] = (float)(qs[j] >> 4) * d + m;
+        for (int k = 0; k < 4; k++) {
+            unsigned q = b[1 + k];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                unsigned byte = (q >> (8 * i)) & 0xFF;
+                w[4 * k + i] = (float)(byte & 0xF) * d + m;
+                w[4 * k + i + 16] = (float)(byte >> 4) * d + m;
+            }
         }
         break;
     }
@@ -172,11 +178,15 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* row, int c, floa
         break;
     }
     case FMT_Q8_0: {
-        const u8* b = row + 34 * c;
-        float d = half_at(b);
-        const signed char* qs = reinterpret_cast<const signed char*>(b + 2);
+        // 34-byte blocks: 2-byte aligned, so seventeen 16-bit loads.
+        const unsigned short* b = reinterpret_cast<const unsigned short*>(row + 34 * c);
+        float d = half_bits(b[0]);
 #pragma unroll
-        for (int j = 0; j < 32; j++) w[j] = (float)qs[j] * d;
+        for (int k = 0; k < 16; k++) {
+            unsigned short q = b[1 + k];
+            w[2 * k] = (float)(signed char)(q & 0xFF) * d;
+            w[2 * k + 1] = (float)(signed char)(q >> 8) * d;
+        }
         break;
     }
     case FMT_Q4K: {
@@ -258,14 +268,17 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 }
 
 // y[r, y_off + o] = x[r] . W[o] (+ bias[y_off + o]) (+ y[r, y_off + o] when accumulating)
-// for the `rows` rows of a weight part W (row-major, `row_bytes` a row, in its file's
-// format), y rows of `y_stride` values, `in` a multiple of 32. One warp per output; lane l
-// sums chunks l, l + 32, ... in order, then the lanes are summed in a fixed tree: a row's
-// sum runs in the same order whatever rows share the launch. blockIdx.y picks a group of
-// up to ROWS rows, all computed in one pass over W.
-extern "C" __global__ void matvec(const u8* W, int fmt, long long row_bytes, const float* x,
-                                  const float* bias, float* y, int n, int in, int rows,
-                                  int y_stride, int y_off, int has_bias, int accumulate) {
+// for the `rows` rows of a weight part W (row-major, `row_bytes` a row, in format FMT), x
+// rows of `in` values (a multiple of 32), y rows of `y_stride` values. One warp per output;
+// lane l sums chunks l, l + 32, ... in order, then the lanes are summed in a fixed tree: a
+// row's sum runs in the same order whatever rows share the launch. blockIdx.y picks a group
+// of up to ROWS rows, all computed in one pass over W. One kernel per format (`matvec_F`,
+// F the format's code), so each holds only its own format's code.
+template <int FMT>
+__device__ __forceinline__ void matvec_body(const u8* W, long long row_bytes, const float* x,
+                                            const float* bias, float* y, int n, int in,
+                                            int rows, int y_stride, int y_off, int has_bias,
+                                            int accumulate) {
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (o >= rows) return;
@@ -278,7 +291,7 @@ extern "C" __global__ void matvec(const u8* W, int fmt, long long row_bytes, con
     int chunks = in >> 5;
     float w[32];
     for (int c = lane; c < chunks; c += 32) {
-        chunk_values(fmt, wrow, c, w);
+        chunk_values(FMT, wrow, c, w);
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             if (r < nr) {
@@ -306,6 +319,26 @@ extern "C" __global__ void matvec(const u8* W, int fmt, long long row_bytes, con
         }
     }
 }
+
+#define MATVEC(F)                                                                          \
+    extern "C" __global__ void matvec_##F(const u8* W, long long row_bytes, const float* x,  \
+                                          const float* bias, float* y, int n, int in,        \
+                                          int rows, int y_stride, int y_off, int has_bias,   \
+                                          int accumulate) {                                  \
+        matvec_body<F>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off, has_bias,     \
+                       accumulate);                                                          \
+    }
+MATVEC(0)
+MATVEC(1)
+MATVEC(2)
+MATVEC(3)
+MATVEC(4)
+MATVEC(5)
+MATVEC(6)
+MATVEC(7)
+MATVEC(8)
+MATVEC(9)
+MATVEC(10)
 
 // Splits fused QKV rows ([n, qd + 2 kvd]), norms each Q and K head by its RMS (Qwen3's
 // per-head norms, when `qn` is given), rotates Q and K (RoPE at positions pos0 + r), writes Q
@@ -374,17 +407,22 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
 // Part s of the causal attention of query row r0 + blockIdx.x (q: [n, qh, hd]; cache row
 // row0 + that row) over cache rows s·KEYS .. min(len, (s + 1)·KEYS), len = its row + 1.
 // Grid (rows, qh, parts); a block of 32·W threads. Dynamic shared memory:
-// 32 + hd + W·hd + KEYS floats. Writes, per (row, head, part), hd weighted sums of V then
-// the part's max score and its sum of exponentials, to `part` ([rows, qh, parts, hd + 2]).
-extern "C" __global__ void attend_part(const float* q, const unsigned long long* kv, int layer,
-                                       float* part, int qh, int kvh, int hd,
-                                       const unsigned* meta, float scale, int r0, int parts) {
+// 32 + hd + W·hd + KEYS floats. Each part writes hd weighted sums of V, then its max score
+// and its sum of exponentials, to `part` ([rows, qh, parts, hd + 2]); the part that finishes
+// last for its (row, head) (counted in `done`, which it sets back to 0) merges them all in
+// part order into out ([n, qh, hd]): the largest max first, then the parts' sums rescaled to
+// it. A row's output does not depend on which part finished last.
+extern "C" __global__ void attend(const float* q, const unsigned long long* kv, int layer,
+                                  float* part, int* done, float* out, int qh, int kvh, int hd,
+                                  const unsigned* meta, float scale, int r0, int parts) {
     extern __shared__ float sh[];
+    __shared__ int last;
     const float* kc = (const float*)kv[2 * layer];
     const float* vc = (const float*)kv[2 * layer + 1];
     int r = r0 + blockIdx.x, h = blockIdx.y, ps = blockIdx.z;
     int g = h / (qh / kvh);
     int len = (int)meta[0] + r + 1, kvd = kvh * hd;
+    int np = (len + KEYS - 1) / KEYS;
     int j0 = ps * KEYS;
     if (j0 >= len) return;
     int cnt = min(KEYS, len - j0);
@@ -397,10 +435,20 @@ extern "C" __global__ void attend_part(const float* q, const unsigned long long*
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qrow[d];
     __syncthreads();
     float m = NEG_INF;
+    // A key's score in dimension order; read four values at a time (hd is a multiple of 4,
+    // and rows start 16-byte aligned).
+    const float4* q4 = reinterpret_cast<const float4*>(qs);
     for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
-        const float* k = kc + (long long)(j0 + j) * kvd + g * hd;
+        const float4* k = reinterpret_cast<const float4*>(kc + (long long)(j0 + j) * kvd + g * hd);
         float t = 0.0f;
-        for (int d = 0; d < hd; d++) t = __fmaf_rn(qs[d], k[d], t);
+#pragma unroll 4
+        for (int d = 0; d < hd / 4; d++) {
+            float4 a = q4[d], b = k[d];
+            t = __fmaf_rn(a.x, b.x, t);
+            t = __fmaf_rn(a.y, b.y, t);
+            t = __fmaf_rn(a.z, b.z, t);
+            t = __fmaf_rn(a.w, b.w, t);
+        }
         t = t * scale;
         sc[j] = t;
         m = fmaxf(m, t);
@@ -418,11 +466,22 @@ extern "C" __global__ void attend_part(const float* q, const unsigned long long*
     for (int d = lane; d < hd; d += 32) {
         float t = 0.0f;
         const float* v = vc + (long long)j0 * kvd + g * hd + d;
+#pragma unroll 8
         for (int j = a0; j < a1; j++) t = __fmaf_rn(sc[j], v[(long long)j * kvd], t);
         acc[warp * hd + d] = t;
     }
     __syncthreads();
-    float* o = part + (((long long)blockIdx.x * qh + h) * parts + ps) * (hd + 2);
+    if (np == 1) {
+        // The only part: what the merge below would compute (a rescale by exp(0) = 1).
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float t = 0.0f;
+            for (int w = 0; w < warps; w++) t += acc[w * hd + d];
+            out[((long long)r * qh + h) * hd + d] = t / l;
+        }
+        return;
+    }
+    float* base = part + ((long long)blockIdx.x * qh + h) * parts * (hd + 2);
+    float* o = base + ps * (hd + 2);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float t = 0.0f;
         for (int w = 0; w < warps; w++) t += acc[w * hd + d];
@@ -432,31 +491,30 @@ extern "C" __global__ void attend_part(const float* q, const unsigned long long*
         o[hd] = m;
         o[hd + 1] = l;
     }
-}
-
-// Merges the parts of each (row, head) in part order into out ([n, qh, hd]): the largest
-// max first, then the parts' sums rescaled to it. Grid (rows, qh).
-extern "C" __global__ void attend_merge(const float* part, float* out, int qh, int hd,
-                                        const unsigned* meta, int r0, int parts) {
-    int r = r0 + blockIdx.x, h = blockIdx.y;
-    int len = (int)meta[0] + r + 1;
-    int np = (len + KEYS - 1) / KEYS;
-    const float* base = part + ((long long)blockIdx.x * qh + h) * parts * (hd + 2);
-    float m = NEG_INF;
-    for (int s = 0; s < np; s++) m = fmaxf(m, base[s * (hd + 2) + hd]);
-    float l = 0.0f;
+    // Publish this part, then count it; the row and head's last part merges.
+    __threadfence();
+    __syncthreads();
+    int* counter = done + blockIdx.x * qh + h;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == np - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float mm = NEG_INF;
+    for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
+    float ll = 0.0f;
     for (int s = 0; s < np; s++) {
-        const float* ps = base + s * (hd + 2);
-        l += ps[hd + 1] * expf(ps[hd] - m);
+        const float* p = base + s * (hd + 2);
+        ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
     }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float t = 0.0f;
         for (int s = 0; s < np; s++) {
-            const float* ps = base + s * (hd + 2);
-            t += ps[d] * expf(ps[hd] - m);
+            const float* p = base + s * (hd + 2);
+            t += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
         }
-        out[((long long)r * qh + h) * hd + d] = t / l;
+        out[((long long)r * qh + h) * hd + d] = t / ll;
     }
+    if (threadIdx.x == 0) *counter = 0;
 }
 
 // out[r, i] = silu(gu[r, i]) * gu[r, width + i] for rows of [gate | up].

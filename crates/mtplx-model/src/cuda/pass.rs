@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::cache::CudaKvCache;
-use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
+use super::device::{AttendParts, CudaDevice, DeviceMatrix, DeviceRope};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -39,7 +39,7 @@ pub(super) struct Scratch {
     pub(super) q: CudaSlice<f32>,
     pub(super) attn: CudaSlice<f32>,
     /// Attention's parts before they are merged (see `kernels.cu`).
-    pub(super) attn_parts: CudaSlice<f32>,
+    pub(super) attn_parts: AttendParts,
     pub(super) gate_up: CudaSlice<f32>,
     pub(super) act: CudaSlice<f32>,
     pub(super) logits: CudaSlice<f32>,
@@ -85,11 +85,7 @@ impl Scratch {
             qkv: dev.zeros(rows * (qd + 2 * kvd))?,
             q: dev.zeros(rows * qd)?,
             attn: dev.zeros(rows * qd)?,
-            attn_parts: dev.zeros(CudaDevice::attend_part_floats(
-                rows,
-                (c.num_heads, c.num_kv_heads, hd),
-                max_len,
-            ))?,
+            attn_parts: AttendParts::new(dev, rows, (c.num_heads, c.num_kv_heads, hd), max_len)?,
             gate_up: dev.zeros(rows * 2 * i)?,
             act: dev.zeros(rows * i)?,
             logits: dev.zeros(rows * out)?,

@@ -8,7 +8,7 @@ use half::f16;
 use mtplx_kv::{KvCache, KvShape};
 
 use super::cache::CudaKvCache;
-use super::device::{CudaDevice, DeviceMatrix};
+use super::device::{AttendParts, CudaDevice, DeviceMatrix};
 use crate::kernels::{QuantFormat, QuantMatrix};
 use crate::weights::{FileData, FilePart};
 
@@ -202,9 +202,7 @@ fn attention_runs_past_many_parts_and_is_row_invariant() {
         let qd = dev
             .upload(&q[first * qh * hd..(first + rows) * qh * hd])
             .unwrap();
-        let mut parts = dev
-            .zeros::<f32>(CudaDevice::attend_part_floats(rows, (qh, kvh, hd), len))
-            .unwrap();
+        let mut parts = AttendParts::new(&dev, rows, (qh, kvh, hd), len).unwrap();
         let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
         dev.attend(
             &qd,
