@@ -108,7 +108,7 @@ fn main() -> Result<()> {
                     "test",
                     "--workspace",
                     "--features",
-                    "mtplx-model/cuda,mtplx-spec/cuda",
+                    "mtplx-model/cuda,mtplx-spec/cuda,mtplx-serve/cuda,mtplx-tests/cuda",
                 ],
                 &args,
                 &env,

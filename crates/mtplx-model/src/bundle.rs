@@ -41,11 +41,7 @@ impl Bundle {
             Box::new(model)
         };
         let (model, tokenizer): (Box<dyn LanguageModel>, _) = if path.is_dir() {
-            let cfg = path.join("tokenizer_config.json");
-            let tokenizer = Tokenizer::from_file(
-                &path.join("tokenizer.json"),
-                cfg.exists().then_some(cfg.as_path()),
-            )?;
+            let tokenizer = folder_tokenizer(path)?;
             if is_hybrid_folder(path)? {
                 native_only(path, format)?;
                 (hybrid(HybridModel::load(path)?), tokenizer)
@@ -70,33 +66,76 @@ impl Bundle {
                 (Box::new(model), tokenizer)
             }
         };
-        let vocab = model.dims().vocab_size;
-        if tokenizer.vocab_size() > vocab {
-            return Err(ModelError::BadConfig {
-                path: path.to_path_buf(),
-                reason: format!(
-                    "the tokenizer has {} tokens but the model only {vocab}",
-                    tokenizer.vocab_size(),
-                ),
-            });
-        }
-        let template = match tokenizer.chat_template() {
-            Some(src) => Some(ChatTemplate::new(
-                src,
-                &tokenizer.bos_token().unwrap_or_default(),
-                &tokenizer.eos_token().unwrap_or_default(),
-            )?),
-            None => None,
-        };
-        Ok(Bundle {
-            id: model_id(path),
-            path: path.to_path_buf(),
-            model,
-            tokenizer,
-            template,
-            mtp_head,
-        })
+        assemble(path, model, tokenizer, mtp_head)
     }
+
+    /// `path`'s text side (tokenizer, chat template) beside `model`, which was loaded
+    /// another way (a device backend reads the weights onto its device itself): no weight
+    /// is read here. A hybrid checkpoint's own MTP head is not loaded (`mtp_head` is
+    /// `None`).
+    pub fn load_text(path: &Path, model: Box<dyn LanguageModel>) -> Result<Self> {
+        let tokenizer = if path.is_dir() {
+            folder_tokenizer(path)?
+        } else {
+            Tokenizer::from_gguf(GgufSource::open(path)?.content())?
+        };
+        assemble(path, model, tokenizer, None)
+    }
+
+    /// Whether `path` holds a hybrid (Qwen3-Next) model, from its metadata alone (a
+    /// folder's `config.json` `model_type`, a GGUF file's `general.architecture`): no
+    /// weight is read.
+    pub fn is_hybrid(path: &Path) -> Result<bool> {
+        if path.is_dir() {
+            is_hybrid_folder(path)
+        } else {
+            Ok(hybrid::gguf::architecture(GgufSource::open(path)?.content()).is_some())
+        }
+    }
+}
+
+/// A Hugging Face folder's `tokenizer.json` (with its `tokenizer_config.json` if present).
+fn folder_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let cfg = path.join("tokenizer_config.json");
+    Ok(Tokenizer::from_file(
+        &path.join("tokenizer.json"),
+        cfg.exists().then_some(cfg.as_path()),
+    )?)
+}
+
+/// The bundle of `model` and its text side, once the tokenizer is known to fit the model.
+fn assemble(
+    path: &Path,
+    model: Box<dyn LanguageModel>,
+    tokenizer: Tokenizer,
+    mtp_head: Option<Arc<dyn MtpRunner>>,
+) -> Result<Bundle> {
+    let vocab = model.dims().vocab_size;
+    if tokenizer.vocab_size() > vocab {
+        return Err(ModelError::BadConfig {
+            path: path.to_path_buf(),
+            reason: format!(
+                "the tokenizer has {} tokens but the model only {vocab}",
+                tokenizer.vocab_size(),
+            ),
+        });
+    }
+    let template = match tokenizer.chat_template() {
+        Some(src) => Some(ChatTemplate::new(
+            src,
+            &tokenizer.bos_token().unwrap_or_default(),
+            &tokenizer.eos_token().unwrap_or_default(),
+        )?),
+        None => None,
+    };
+    Ok(Bundle {
+        id: model_id(path),
+        path: path.to_path_buf(),
+        model,
+        tokenizer,
+        template,
+        mtp_head,
+    })
 }
 
 /// What makes a state this model computed reusable: a state stored under another key is
@@ -198,5 +237,45 @@ mod tests {
             "SmolLM2-135M-Instruct"
         );
         assert_eq!(model_id(Path::new("/m/plain.gguf")), "plain");
+    }
+
+    fn tiny(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny")
+            .join(name)
+    }
+
+    #[test]
+    fn the_text_side_loads_beside_a_model_loaded_another_way() {
+        let path = tiny("llama");
+        let full = Bundle::load(&path, WeightFormat::Native).unwrap();
+        let model = Model::load(&path, WeightFormat::Native).unwrap();
+        let text = Bundle::load_text(&path, Box::new(model)).unwrap();
+        assert_eq!(text.id, full.id);
+        assert_eq!(text.reuse_key(), full.reuse_key());
+        let probe = "Hello, world";
+        assert_eq!(
+            text.tokenizer
+                .encode(probe, crate::tokenizer::Special::Parse)
+                .unwrap(),
+            full.tokenizer
+                .encode(probe, crate::tokenizer::Special::Parse)
+                .unwrap()
+        );
+        assert!(text.mtp_head.is_none());
+    }
+
+    #[test]
+    fn hybrid_models_are_told_from_their_metadata() {
+        assert!(!Bundle::is_hybrid(&tiny("llama")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        // No weights, no tokenizer: the family is read from `config.json` alone.
+        std::fs::write(
+            dir.path().join("config.json"),
+            format!(r#"{{"model_type": "{}"}}"#, hybrid::hf::MODEL_TYPE),
+        )
+        .unwrap();
+        assert!(Bundle::is_hybrid(dir.path()).unwrap());
+        assert!(Bundle::is_hybrid(&dir.path().join("missing.gguf")).is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! Command-line flags, each with an `MTPLX_*` environment equivalent, grouped as `--help`
-//! shows them: limits, speculation, the session bank, the SSD tier.
+//! shows them: the model and where it runs (`--device`), limits, speculation, the session
+//! bank, the SSD tier.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -7,9 +8,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
 use mtplx_bank::BankConfig;
+use mtplx_kv::{KvDtype, LayoutKind};
 use mtplx_model::WeightFormat;
 
 use crate::cache::{SsdMode, TierConfig};
+use crate::device::{Device, DeviceError};
 use crate::engine::{HeadSource, PolicyKind, Speculation};
 use crate::request_log::{self, Rotation};
 use crate::state::Settings;
@@ -129,6 +132,11 @@ pub const SHIPPED_MTP_HEAD: &str = concat!(
     "/../../models/mtp/smollm2-135m-mtp.safetensors"
 );
 
+/// `--device`: `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(s: &str) -> Result<Device, String> {
+    s.parse()
+}
+
 /// A speculative depth: 1 or more (0 is `--no-mtp`).
 pub fn parse_depth(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
@@ -158,21 +166,33 @@ pub struct Config {
     /// Context window in tokens [default: the model's].
     #[arg(long, env = "MTPLX_CONTEXT_WINDOW")]
     pub context_window: Option<usize>,
-    /// How weights are held in memory [default: the model crate's choice].
+    /// How weights are held in memory [default: the model crate's choice]. CPU only: a
+    /// device backend holds them its own way.
     #[arg(long, env = "MTPLX_WEIGHTS", value_enum)]
     pub weights: Option<Weights>,
+    /// Where the model runs: `cpu` (mtplx's kernels), or an NVIDIA GPU, `cuda` (device 0)
+    /// or `cuda:N`, which needs a build with `--features cuda` and serves dense models
+    /// (Llama, Qwen2, Qwen3) with f32 K/V.
+    #[arg(
+        long,
+        env = "MTPLX_DEVICE",
+        default_value = "cpu",
+        value_parser = parse_device
+    )]
+    pub device: Device,
     /// Prompt tokens per prefill forward pass.
     #[arg(long, env = "MTPLX_PREFILL_CHUNK_TOKENS", default_value_t = 512)]
     pub prefill_chunk_tokens: usize,
-    /// The KV layout the engine decodes in (restores are built in it).
-    #[arg(long, env = "MTPLX_KV_LAYOUT", value_enum, default_value = "paged")]
-    pub kv_layout: LayoutFlag,
+    /// The KV layout the engine decodes in (restores are built in it) [default: paged]. CPU
+    /// only: a model on a device keeps its K/V in the device's own caches.
+    #[arg(long, env = "MTPLX_KV_LAYOUT", value_enum)]
+    pub kv_layout: Option<LayoutFlag>,
     /// The element type K/V rows are stored in, in RAM and on the SSD tier: `f16` halves
     /// what `f32` costs and keeps the reference's greedy tokens on the default model; each
     /// row is rounded once, when written. States stored under another type are not reused
-    /// (`ssd_kv_format_mismatch`).
-    #[arg(long, env = "MTPLX_KV_DTYPE", default_value = "f16")]
-    pub kv_dtype: mtplx_kv::KvDtype,
+    /// (`ssd_kv_format_mismatch`) [default: f16; f32 on a device, which stores no other].
+    #[arg(long, env = "MTPLX_KV_DTYPE")]
+    pub kv_dtype: Option<KvDtype>,
     /// Quantize K/V rows in groups of 32 values instead (`q8`, `q4`; also `--kv-dtype q8`):
     /// less RAM, SSD bytes and attention reads than `f16`, with the answers those rounded
     /// values give; every path (cold, RAM, SSD, speculative) still gives the same tokens.
@@ -345,7 +365,59 @@ impl Config {
         if self.limits.max_active_requests == 0 {
             return Err("--max-active-requests must be at least 1".into());
         }
+        self.check_device()
+    }
+
+    /// Refuses what a model on a device can't do: a build without the device's backend,
+    /// K/V stored as anything but `f32`, a host KV layout, weights held another way.
+    fn check_device(&self) -> Result<(), String> {
+        let device = self.device;
+        if device == Device::Cpu {
+            return Ok(());
+        }
+        if !cfg!(feature = "cuda") {
+            return Err(DeviceError::NotBuilt(device).to_string());
+        }
+        if let Some(dtype) = self.explicit_kv_dtype().filter(|&d| d != KvDtype::F32) {
+            return Err(format!(
+                "--device {device}: device K/V caches store f32 only for now, not {dtype}; \
+                 drop --kv-dtype / --kv-quant (f32 is the default on a device)"
+            ));
+        }
+        if self.kv_layout.is_some() {
+            return Err(format!(
+                "--device {device}: the model keeps its K/V in the device's own caches; \
+                 --kv-layout is for the CPU, drop it"
+            ));
+        }
+        if let Some(w) = self.weights.filter(|&w| w != Weights::Native) {
+            return Err(format!(
+                "--device {device}: the device backend holds the weights its own way; \
+                 --weights {} is for the CPU, drop it",
+                w.to_possible_value()
+                    .map_or_else(String::new, |v| v.get_name().to_owned())
+            ));
+        }
         Ok(())
+    }
+
+    /// The K/V element type the flags name, if they name one (`--kv-quant q8|q4`, else
+    /// `--kv-dtype`).
+    fn explicit_kv_dtype(&self) -> Option<KvDtype> {
+        match self.kv_quant {
+            KvQuant::Off => self.kv_dtype,
+            KvQuant::Q8 => Some(KvDtype::Q8),
+            KvQuant::Q4 => Some(KvDtype::Q4),
+        }
+    }
+
+    /// The K/V element type: the one the flags name, else `f16` on the CPU and `f32` on a
+    /// device.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.explicit_kv_dtype().unwrap_or(match self.device {
+            Device::Cpu => KvDtype::F16,
+            Device::Cuda(_) => KvDtype::F32,
+        })
     }
 
     /// Where the request log goes, `None` when off.
@@ -404,16 +476,13 @@ impl Config {
     /// The cache tier these flags ask for.
     pub fn tier_config(&self) -> TierConfig {
         let mut t = TierConfig::detect();
-        t.layout = match self.kv_layout {
-            LayoutFlag::Contiguous => mtplx_kv::LayoutKind::Contiguous,
-            LayoutFlag::Paged => mtplx_kv::LayoutKind::Paged,
-            LayoutFlag::Segmented => mtplx_kv::LayoutKind::Segmented,
+        t.layout = match (self.device, self.kv_layout) {
+            (Device::Cuda(_), _) => LayoutKind::Device,
+            (Device::Cpu, None | Some(LayoutFlag::Paged)) => LayoutKind::Paged,
+            (Device::Cpu, Some(LayoutFlag::Contiguous)) => LayoutKind::Contiguous,
+            (Device::Cpu, Some(LayoutFlag::Segmented)) => LayoutKind::Segmented,
         };
-        t.kv_dtype = match self.kv_quant {
-            KvQuant::Off => self.kv_dtype,
-            KvQuant::Q8 => mtplx_kv::KvDtype::Q8,
-            KvQuant::Q4 => mtplx_kv::KvDtype::Q4,
-        };
+        t.kv_dtype = self.kv_dtype();
         self.ssd.apply(&mut t);
         self.bank.apply(&mut t.bank);
         if let Some(v) = self.limits.memory_limit {

@@ -31,8 +31,10 @@ pub mod api;
 pub mod body;
 pub mod cache;
 pub mod config;
+pub mod device;
 pub mod engine;
 pub mod error;
+pub mod gpu;
 pub mod job;
 pub mod layers;
 pub mod metrics;
@@ -52,6 +54,7 @@ use tower::{Service, ServiceBuilder};
 
 pub use body::{Body, BoxError};
 pub use config::Config;
+pub use device::{Backend, Device, DeviceError, DeviceModel};
 pub use engine::HeadSource;
 pub use error::ApiError;
 pub use server::{run, serve, ServeError};

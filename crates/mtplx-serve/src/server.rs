@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::cache::SsdMode;
 use crate::config::Config;
+use crate::device::{Backend, Device, DeviceError};
 use crate::state::AppState;
 
 /// Why the server could not start or stopped.
@@ -22,6 +23,8 @@ pub enum ServeError {
     Config(String),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -70,33 +73,52 @@ pub async fn model_path(config: &Config) -> Result<PathBuf, ServeError> {
     Ok(path)
 }
 
+/// Loads the model where `--device` says: on the CPU, the whole bundle; on a GPU, the
+/// weights straight onto it ([`crate::gpu::load`]). Blocking work runs off the runtime.
+pub async fn load(config: &Config, path: PathBuf) -> Result<(Bundle, Backend), ServeError> {
+    let (device, format) = (config.device, config.weight_format());
+    let speculation = config.settings().speculation;
+    tokio::task::spawn_blocking(move || match device {
+        Device::Cpu => Ok((Bundle::load(&path, format)?, Backend::Cpu)),
+        Device::Cuda(ordinal) => {
+            let (bundle, model) = crate::gpu::load(&path, ordinal, &speculation)?;
+            Ok((bundle, Backend::Device(model)))
+        }
+    })
+    .await
+    .map_err(|e| ServeError::Config(format!("model load panicked: {e}")))?
+}
+
 /// Loads the model, binds, prints the startup line and serves until SIGTERM or SIGINT;
 /// then stops as [`AppState::shutdown`] says and logs what was written to the SSD tier.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     config.check().map_err(ServeError::Config)?;
     let path = model_path(&config).await?;
     let format = config.weight_format();
-    let load_path = path.clone();
-    let bundle = tokio::task::spawn_blocking(move || Bundle::load(&load_path, format))
-        .await
-        .map_err(|e| ServeError::Config(format!("model load panicked: {e}")))??;
+    let (bundle, backend) = load(&config, path.clone()).await?;
     let weight_bytes = bundle.model.weight_bytes();
+    let weights = match &backend {
+        Backend::Cpu => format!("{format:?}"),
+        Backend::Device(_) => bundle.model.numerics(),
+    };
     let settings = config.settings();
-    let state = AppState::new(Arc::new(bundle), settings.clone()).map_err(io("engine thread"))?;
+    let state = AppState::with_backend(Arc::new(bundle), settings.clone(), backend)
+        .map_err(io("engine thread"))?;
     let addr = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&addr)
         .await
         .map_err(io(format!("bind {addr}")))?;
     let local = listener.local_addr().map_err(io("local address"))?;
     println!(
-        "mtplx serving {} ({}) on http://{local} | context {} tokens | weights {:.1} MiB ({:?}) | \
+        "mtplx serving {} ({}) on http://{local} | device {} | context {} tokens | weights {:.1} MiB ({}) | \
          kv {} {:?} | max active {} | speculation {} | memory limit {:.1} GiB, bank {:.1} GiB | SSD cache {} \
          | request log {} | key {}",
         state.model_id(),
         path.display(),
+        state.device(),
         state.context_window(),
         weight_bytes as f64 / (1 << 20) as f64,
-        format,
+        weights,
         state.tier().factory().dtype(),
         state.tier().factory().layout(),
         settings.max_active_requests,
@@ -230,5 +252,39 @@ mod tests {
         );
         let missing = dir.path().join("missing.gguf");
         assert_eq!(model_arg(Some(&missing)), ModelArg::Path(&missing));
+    }
+
+    #[tokio::test]
+    async fn a_cuda_device_that_does_not_open_stops_the_start_with_one_line() {
+        let model =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
+        // No machine has device 999: without a driver, without a GPU or with eight.
+        let model = model.to_str().unwrap();
+        let config = <Config as clap::Parser>::try_parse_from([
+            "mtplx-serve",
+            "--model",
+            model,
+            "--device",
+            "cuda:999",
+            "--port",
+            "0",
+            "--ssd-session-cache",
+            "off",
+            "--request-log-jsonl",
+            "off",
+        ])
+        .unwrap();
+        let e = serve(config).await.unwrap_err();
+        #[cfg(feature = "cuda")]
+        assert!(
+            matches!(e, ServeError::Device(DeviceError::Open { .. })),
+            "{e:?}"
+        );
+        // Refused by the flags' check, before anything loads.
+        #[cfg(not(feature = "cuda"))]
+        assert!(matches!(e, ServeError::Config(_)), "{e:?}");
+        let line = e.to_string();
+        assert!(line.starts_with("--device cuda:999: "), "{line}");
+        assert!(!line.contains('\n'), "{line}");
     }
 }

@@ -11,6 +11,7 @@ use mtplx_model::Bundle;
 use tokio::sync::Semaphore;
 
 use crate::cache::{CacheTier, Pipeline, SsdMode, TierConfig};
+use crate::device::Backend;
 use crate::engine::{Engine, EngineConfig, Speculation};
 use crate::metrics::Metrics;
 use crate::request_log::{RequestLog, Rotation};
@@ -77,20 +78,34 @@ struct Inner {
     log: Option<Arc<RequestLog>>,
     settings: Settings,
     context_window: usize,
+    /// Where the model runs, in words ([`Backend::describe`]).
+    device: String,
     started: u64,
     /// Generation slots, shared by every app built from this state.
     slots: Arc<Semaphore>,
 }
 
 impl AppState {
-    /// Opens the cache tier and starts an engine for `bundle`.
+    /// Opens the cache tier and starts an engine for `bundle`, on the CPU.
     pub fn new(bundle: Arc<Bundle>, settings: Settings) -> std::io::Result<Self> {
+        Self::with_backend(bundle, settings, Backend::Cpu)
+    }
+
+    /// [`AppState::new`] for a model that runs where `backend` says: on a device, the
+    /// bundle's model is the device's (`CudaModel`), `settings.cache.layout` is
+    /// [`mtplx_kv::LayoutKind::Device`] and the caches and MTP head come from `backend`.
+    pub fn with_backend(
+        bundle: Arc<Bundle>,
+        settings: Settings,
+        backend: Backend,
+    ) -> std::io::Result<Self> {
         let tier = CacheTier::open(
             &bundle,
             TierConfig {
                 prefill_chunk_tokens: settings.prefill_chunk_tokens.max(1),
                 ..settings.cache.clone()
             },
+            backend.device_caches(),
         )
         .map_err(std::io::Error::other)?;
         let model_ctx = bundle.model.dims().context_length;
@@ -112,6 +127,7 @@ impl AppState {
                 queue_capacity: settings.max_active_requests.max(1) * 2 + 8,
                 speculation: settings.speculation.clone(),
             },
+            &backend,
             tier.clone(),
             metrics.clone(),
             log.clone(),
@@ -126,6 +142,7 @@ impl AppState {
                 log,
                 settings: settings.clone(),
                 context_window,
+                device: backend.describe(),
                 started: crate::util::unix_now(),
                 slots: Arc::new(Semaphore::new(settings.max_active_requests.max(1))),
             }),
@@ -165,6 +182,11 @@ impl AppState {
 
     pub fn settings(&self) -> &Settings {
         &self.inner.settings
+    }
+
+    /// Where the model runs, in words: `cpu`, `cuda:0 (NVIDIA H200)`.
+    pub fn device(&self) -> &str {
+        &self.inner.device
     }
 
     /// The effective context window (the flag, capped by the model's).
@@ -226,6 +248,7 @@ impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
             .field("model", &self.model_id())
+            .field("device", &self.device())
             .field("context_window", &self.context_window())
             .field("settings", self.settings())
             .finish_non_exhaustive()

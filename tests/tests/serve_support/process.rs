@@ -22,6 +22,7 @@ pub const PATIENCE: Duration = Duration::from_secs(300);
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
+    stdout: PathBuf,
     stderr: PathBuf,
 }
 
@@ -61,6 +62,7 @@ impl Server {
         let mut server = Server {
             child,
             addr: "0.0.0.0:0".parse().unwrap(),
+            stdout: stdout.clone(),
             stderr,
         };
         let started = Instant::now();
@@ -88,6 +90,23 @@ impl Server {
     /// What the server wrote to stderr (its log).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// What the server wrote to stdout: its startup line.
+    pub fn startup_line(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    /// POSTs `body` to `path` (no session header) and reads the whole response.
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        fetch(
+            self.addr,
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+        .await
     }
 
     pub async fn get(&self, path: &str) -> Reply {

@@ -83,6 +83,11 @@ pub enum TierError {
         "the server runs its model on the CPU; a device KV layout needs a device model backend"
     )]
     DeviceLayout,
+    #[error(
+        "the model runs on a device, whose K/V live in its own caches (the Device layout); \
+         the {0:?} layout is the CPU's"
+    )]
+    HostLayout(LayoutKind),
     #[error(transparent)]
     Kv(#[from] mtplx_kv::KvError),
 }
@@ -111,13 +116,21 @@ struct Inner {
 }
 
 impl CacheTier {
-    /// Opens the SSD tier (when on) and builds the bank for `bundle`.
-    pub fn open(bundle: &Bundle, config: TierConfig) -> Result<CacheTier, TierError> {
-        let factory = match config.layout {
-            LayoutKind::Contiguous => CacheFactory::contiguous(),
-            LayoutKind::Paged => CacheFactory::paged(),
-            LayoutKind::Segmented => CacheFactory::segmented(),
-            LayoutKind::Device => return Err(TierError::DeviceLayout),
+    /// Opens the SSD tier (when on) and builds the bank for `bundle`. `device` is the
+    /// factory of the model's own caches when it runs on a device (`CudaModel`'s): the
+    /// layout asked for is then [`LayoutKind::Device`], whose rows are `f32`.
+    pub fn open(
+        bundle: &Bundle,
+        config: TierConfig,
+        device: Option<&CacheFactory>,
+    ) -> Result<CacheTier, TierError> {
+        let factory = match (config.layout, device) {
+            (LayoutKind::Device, Some(caches)) => caches.clone(),
+            (LayoutKind::Device, None) => return Err(TierError::DeviceLayout),
+            (layout, Some(_)) => return Err(TierError::HostLayout(layout)),
+            (LayoutKind::Contiguous, None) => CacheFactory::contiguous(),
+            (LayoutKind::Paged, None) => CacheFactory::paged(),
+            (LayoutKind::Segmented, None) => CacheFactory::segmented(),
         }
         .with_dtype(config.kv_dtype)?;
         // A quantized type needs heads of whole groups: refused at start, with the reason.
@@ -302,5 +315,64 @@ fn log_event(e: &BankEvent) {
             "a conversation was dropped: memory had to be freed and the SSD tier could not \
              take it ({detail})"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use mtplx_kv::{DeviceCaches, KvCache, KvError, KvShape, MakeDeviceCache};
+    use mtplx_model::WeightFormat;
+
+    use super::*;
+
+    /// A device backend's factory stand-in: its caches are host rows, which is all the tier
+    /// needs to be set up.
+    struct StandIn;
+
+    impl MakeDeviceCache for StandIn {
+        fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
+            CacheFactory::contiguous().new_cache(shape)
+        }
+
+        fn name(&self) -> String {
+            "stand-in:0".into()
+        }
+    }
+
+    fn config(layout: LayoutKind, kv_dtype: KvDtype) -> TierConfig {
+        TierConfig {
+            layout,
+            kv_dtype,
+            ssd: SsdMode::Off,
+            ..TierConfig::detect()
+        }
+    }
+
+    #[test]
+    fn a_device_layout_is_the_device_models_own_caches_with_f32_rows() {
+        let path =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
+        let bundle = Bundle::load(&path, WeightFormat::Native).unwrap();
+        let device = CacheFactory::device(DeviceCaches(Arc::new(StandIn)));
+        let open = |layout, dtype, device| CacheTier::open(&bundle, config(layout, dtype), device);
+
+        let tier = open(LayoutKind::Device, KvDtype::F32, Some(&device)).unwrap();
+        assert_eq!(tier.factory(), &device);
+        // A server on the CPU has no device caches to give.
+        let e = open(LayoutKind::Device, KvDtype::F32, None).unwrap_err();
+        assert!(matches!(e, TierError::DeviceLayout), "{e}");
+        // Device caches store f32 only.
+        let e = open(LayoutKind::Device, KvDtype::F16, Some(&device)).unwrap_err();
+        assert!(
+            matches!(e, TierError::Kv(KvError::DeviceDtype(KvDtype::F16))),
+            "{e}"
+        );
+        // A model on a device runs on its own caches, never a host layout.
+        let e = open(LayoutKind::Paged, KvDtype::F32, Some(&device)).unwrap_err();
+        assert!(matches!(e, TierError::HostLayout(LayoutKind::Paged)), "{e}");
+        let host = open(LayoutKind::Paged, KvDtype::F16, None).unwrap();
+        assert_eq!(host.factory().layout(), LayoutKind::Paged);
     }
 }

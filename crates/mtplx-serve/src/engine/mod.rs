@@ -22,9 +22,10 @@ pub use crate::job::{
 };
 pub use config::{EngineConfig, StopSignal};
 pub use error::EngineError;
-pub use speculation::{HeadSource, PolicyKind, Speculation};
+pub use speculation::{Head, HeadSource, PolicyKind, Speculation};
 
 use crate::cache::CacheTier;
+use crate::device::Backend;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request_log::RequestLog;
@@ -43,23 +44,31 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the engine thread.
+    /// Starts the engine thread: the one thread that runs the model (and, on a device,
+    /// its caches and MTP head) from now on.
     pub fn spawn(
         bundle: Arc<Bundle>,
         config: EngineConfig,
+        backend: &Backend,
         tier: CacheTier,
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
     ) -> std::io::Result<Engine> {
         let (tx, mut rx) =
             mpsc::channel::<(Job, mpsc::Sender<Event>)>(config.queue_capacity.max(1));
-        let mtp_head = match config.speculation.depth {
-            0 => None,
-            _ => config
+        let mtp_head = match (config.speculation.depth, backend) {
+            (0, _) => None,
+            (_, Backend::Cpu) => config
                 .speculation
                 .head
                 .load(&bundle)
-                .map_err(std::io::Error::other)?,
+                .map_err(std::io::Error::other)?
+                .map(Head::on_cpu),
+            // Uploaded when the model was: its cache is one of the model's own.
+            (_, Backend::Device(m)) => m.head.clone().map(|runner| Head {
+                runner,
+                caches: m.caches.clone(),
+            }),
         };
         let stop = StopSignal::default();
         let mut worker = worker::Worker::new(

@@ -50,14 +50,25 @@ pub enum HeadSource {
 }
 
 impl HeadSource {
-    /// Loads the head for `bundle`'s model. A head that does not fit the model is an error,
-    /// not a silent fallback.
+    /// Loads the head for `bundle`'s model, on the CPU. A head that does not fit the model
+    /// is an error, not a silent fallback.
     pub fn load(&self, bundle: &Bundle) -> Result<Option<Arc<dyn MtpRunner>>, String> {
         match self {
-            HeadSource::Off => Ok(None),
             HeadSource::Checkpoint => Ok(bundle.mtp_head.clone()),
-            HeadSource::File(path) => MtpHead::load(path, bundle.model.as_ref(), Vocab::FromFile)
-                .map(|h| Some(Arc::new(h) as Arc<dyn MtpRunner>))
+            HeadSource::Off | HeadSource::File(_) => Ok(self
+                .load_file(bundle.model.as_ref())?
+                .map(|h| Arc::new(h) as Arc<dyn MtpRunner>)),
+        }
+    }
+
+    /// The head file this source names, read for `trunk` (whose tied embedding becomes its
+    /// output head) on the host, for a backend to run or upload; `None` for a source that
+    /// names no file.
+    pub fn load_file(&self, trunk: &dyn LanguageModel) -> Result<Option<MtpHead>, String> {
+        match self {
+            HeadSource::Off | HeadSource::Checkpoint => Ok(None),
+            HeadSource::File(path) => MtpHead::load(path, trunk, Vocab::FromFile)
+                .map(Some)
                 .map_err(|e| format!("MTP head {}: {e}", path.display())),
         }
     }
@@ -74,11 +85,30 @@ impl HeadSource {
     }
 }
 
+/// A loaded MTP head and where its own one-layer cache is built: host caches for a head on
+/// the CPU, the device's for a head beside a model on a device (each head attends over
+/// caches where it runs).
+#[derive(Clone)]
+pub struct Head {
+    pub runner: Arc<dyn MtpRunner>,
+    pub caches: CacheFactory,
+}
+
+impl Head {
+    /// A head on the CPU: its cache is contiguous host rows.
+    pub fn on_cpu(runner: Arc<dyn MtpRunner>) -> Head {
+        Head {
+            runner,
+            caches: CacheFactory::contiguous(),
+        }
+    }
+}
+
 /// How one generation decodes: plainly when it asks for `ar` or speculation is off, else
 /// with the proposer the engine has (prompt lookup, then the MTP head if there is one).
 pub(super) fn decode<'a>(
     model: &'a dyn LanguageModel,
-    head: Option<&Arc<dyn MtpRunner>>,
+    head: Option<&Head>,
     mode: GenerationMode,
     spec: &Speculation,
 ) -> Decode<'a> {
@@ -90,8 +120,8 @@ pub(super) fn decode<'a>(
         // decoding would draw it, so a seeded request gives the same tokens either way.
         Some(head) => Box::new(LookupThenMtp::new(MtpProposer::new(
             model,
-            head.clone(),
-            &CacheFactory::contiguous(),
+            head.runner.clone(),
+            &head.caches,
             DraftSampling::Greedy,
         ))),
         None => Box::new(PromptLookup::default()),

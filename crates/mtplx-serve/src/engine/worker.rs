@@ -6,14 +6,13 @@ use std::sync::Arc;
 
 use mtplx_bank::{Commit, Explanation};
 use mtplx_kv::Sequence;
-use mtplx_model::mtp::MtpRunner;
 use mtplx_model::Bundle;
 use mtplx_spec::{drive, End, Request};
 use tokio::sync::mpsc;
 
 use super::config::{EngineConfig, StopSignal};
 use super::error::EngineError;
-use super::speculation;
+use super::speculation::{self, Head};
 use super::text::TextOut;
 use crate::cache::CacheTier;
 use crate::job::{
@@ -27,8 +26,8 @@ use crate::request_log::{Record, RequestLog};
 pub(super) struct Worker {
     pub bundle: Arc<Bundle>,
     pub config: EngineConfig,
-    /// The loaded `config.speculation.head`.
-    pub mtp_head: Option<Arc<dyn MtpRunner>>,
+    /// The loaded `config.speculation.head`, with the factory of its own cache.
+    pub mtp_head: Option<Head>,
     pub tier: CacheTier,
     pub metrics: Arc<Metrics>,
     pub log: Option<Arc<RequestLog>>,
@@ -40,7 +39,7 @@ impl Worker {
     pub fn new(
         bundle: Arc<Bundle>,
         config: EngineConfig,
-        mtp_head: Option<Arc<dyn MtpRunner>>,
+        mtp_head: Option<Head>,
         tier: CacheTier,
         metrics: Arc<Metrics>,
         log: Option<Arc<RequestLog>>,
