@@ -5,6 +5,8 @@
 //! device runs set it.
 #![cfg(feature = "cuda")]
 
+mod tiny_fixture;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -387,55 +389,28 @@ fn the_gpu_mtp_head_matches_the_cpu_head() {
 /// against the float64 reference: last-position logits, and greedy tokens in any chunking.
 #[test]
 fn the_tiny_families_match_the_reference_on_the_gpu() {
-    #[derive(Deserialize)]
-    struct Expected {
-        cases: Vec<TinyCase>,
-    }
-    #[derive(Deserialize)]
-    struct TinyCase {
-        name: String,
-        input_ids: Vec<u32>,
-        last_logits: Vec<f32>,
-        greedy_tokens: Vec<u32>,
-    }
     let _one = one_at_a_time();
     if models().is_none() {
         return;
     }
     let dev = CudaDevice::open(0).unwrap();
     for arch in ["llama", "qwen2", "qwen3"] {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny")
-            .join(arch);
-        let expected: Expected =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
-                .unwrap();
-        let gpu = CudaModel::load(&dir, dev.clone()).unwrap();
-        let factory = gpu.cache_factory();
-        for case in &expected.cases {
-            let mut seq = gpu.new_sequence(&factory);
-            let out = gpu.forward(&case.input_ids, &mut seq, Want::Last).unwrap();
-            let err = out
-                .last_logits()
-                .iter()
-                .zip(&case.last_logits)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(err < 1e-4, "{arch}/{}: max |logit error| {err}", case.name);
-            for chunk in [1, 3, 512] {
-                let mut seq = gpu.new_sequence(&factory);
-                let n = case.greedy_tokens.len();
-                let got =
-                    mtplx_model::generate_greedy(&gpu, &mut seq, &case.input_ids, n, &[], chunk)
-                        .unwrap();
-                assert_eq!(
-                    got, case.greedy_tokens,
-                    "{arch}/{} chunk {chunk}",
-                    case.name
-                );
-            }
+        let gpu = CudaModel::load(&tiny_fixture::fixture(arch), dev.clone()).unwrap();
+        tiny_fixture::check(&gpu, &gpu.cache_factory(), arch, 1e-4);
+    }
+}
+
+/// `len` tokens: the golden prompts over and over.
+fn long_prompt(len: usize) -> Vec<u32> {
+    let g = golden();
+    let mut prompt = Vec::new();
+    while prompt.len() < len {
+        for c in &g.cases {
+            prompt.extend_from_slice(&c.prompt_ids);
         }
     }
+    prompt.truncate(len);
+    prompt
 }
 
 /// A prompt past several attention parts (256 positions each) gives the CPU model's tokens
@@ -444,14 +419,7 @@ fn the_tiny_families_match_the_reference_on_the_gpu() {
 fn long_prompts_span_attention_parts_and_match_the_cpu() {
     let _one = one_at_a_time();
     let Some((b, gpu)) = models() else { return };
-    let g = golden();
-    let mut prompt = Vec::new();
-    while prompt.len() < 3000 {
-        for c in &g.cases {
-            prompt.extend_from_slice(&c.prompt_ids);
-        }
-    }
-    prompt.truncate(3000);
+    let prompt = long_prompt(3000);
     let mut cpu = b.model.new_sequence(&CacheFactory::contiguous());
     let want = prefill(&*b.model, &prompt, &mut cpu, 512).unwrap();
     let factory = gpu.cache_factory();
@@ -485,15 +453,7 @@ fn decode_speed() {
     let _one = one_at_a_time();
     let Some((_, gpu)) = models() else { return };
     let factory = gpu.cache_factory();
-    let g = golden();
-    let mut long = Vec::new();
-    while long.len() < 4000 {
-        for c in &g.cases {
-            long.extend_from_slice(&c.prompt_ids);
-        }
-    }
-    long.truncate(4000);
-    for prompt in [vec![1u32], long] {
+    for prompt in [vec![1u32], long_prompt(4000)] {
         let mut seq = gpu.new_sequence(&factory);
         let t = std::time::Instant::now();
         let out = prefill(gpu, &prompt, &mut seq, 512).unwrap();
