@@ -53,9 +53,8 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use std::cell::Cell;
     use std::path::Path;
-    use std::sync::{Arc, Once};
+    use std::sync::Arc;
 
     use mtplx_model::cuda::{CudaDevice, CudaModel, CudaMtpHead};
     use mtplx_model::mtp::MtpRunner;
@@ -72,40 +71,12 @@ mod imp {
     /// Opens the device and names it (`cuda:0 (NVIDIA H200)`).
     fn open_device(ordinal: usize) -> Result<(Arc<CudaDevice>, String), DeviceError> {
         let device = Device::Cuda(ordinal);
-        let dev = quietly(|| CudaDevice::open(ordinal)).map_err(|e| DeviceError::Open {
+        let dev = CudaDevice::open(ordinal).map_err(|e| DeviceError::Open {
             device,
             source: Box::new(e),
         })?;
         let name = format!("{device} ({})", dev.name());
         Ok((dev, name))
-    }
-
-    /// Runs `f` with the panic hook silent on this thread. The CUDA driver and NVRTC
-    /// libraries are loaded on first use and panic where absent; `CudaDevice::open`
-    /// catches that and returns an error, but the hook would still print the panic and a
-    /// backtrace above the one line an operator should see.
-    fn quietly<T>(f: impl FnOnce() -> T) -> T {
-        thread_local! {
-            static QUIET: Cell<bool> = const { Cell::new(false) };
-        }
-        static HOOK: Once = Once::new();
-        HOOK.call_once(|| {
-            let hook = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                if !QUIET.with(Cell::get) {
-                    hook(info)
-                }
-            }));
-        });
-        struct Loud;
-        impl Drop for Loud {
-            fn drop(&mut self) {
-                QUIET.with(|q| q.set(false));
-            }
-        }
-        QUIET.with(|q| q.set(true));
-        let _loud = Loud;
-        f()
     }
 
     pub(super) fn load(

@@ -34,7 +34,7 @@ const MAX_SHARED_BYTES: usize = 48 * 1024;
 /// Compiles the kernels for `arch` (`compute_90`) with NVRTC: needs the NVRTC library, not
 /// a device. Returns the PTX.
 pub fn compile(arch: &'static str) -> Result<String> {
-    let ptx = std::panic::catch_unwind(|| {
+    let ptx = quietly(|| {
         compile_ptx_with_opts(
             SOURCE,
             CompileOptions {
@@ -47,6 +47,35 @@ pub fn compile(arch: &'static str) -> Result<String> {
     .map_err(|_| ModelError::Device("the NVRTC library is not installed".into()))?
     .map_err(|e| ModelError::Device(format!("compile the kernels: {e:?}")))?;
     Ok(ptx.to_src())
+}
+
+/// Runs `f`, catching a panic, with the panic hook silent on this thread meanwhile. The
+/// driver and NVRTC libraries are loaded on first use and panic where absent: that is an
+/// error for the caller to report in one line, not a panic message and backtrace first.
+fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    use std::cell::Cell;
+    use std::sync::Once;
+    thread_local! {
+        static QUIET: Cell<bool> = const { Cell::new(false) };
+    }
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                hook(info)
+            }
+        }));
+    });
+    struct Loud;
+    impl Drop for Loud {
+        fn drop(&mut self) {
+            QUIET.with(|q| q.set(false));
+        }
+    }
+    QUIET.with(|q| q.set(true));
+    let _loud = Loud;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
 }
 
 pub(crate) fn device_error(what: &str, e: impl std::fmt::Display) -> ModelError {
@@ -90,7 +119,7 @@ impl CudaDevice {
     /// there is no such device.
     pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
         // The driver library is loaded on first use and panics if it is absent.
-        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+        let ctx = quietly(|| CudaContext::new(ordinal))
             .map_err(|_| ModelError::Device("the CUDA driver library is not installed".into()))?
             .map_err(|e| device_error(&format!("open cuda:{ordinal}"), e))?;
         // One stream, so the event bookkeeping cudarc does for several streams is not needed.
@@ -306,9 +335,9 @@ impl CudaDevice {
         accumulate: bool,
     ) -> Result<()> {
         let (ni, inn, stride) = (n as i32, w.cols as i32, w.rows as i32);
-        let has_bias = i32::from(w.bias.is_some());
         let acc = i32::from(accumulate);
-        let bias = w.bias.as_ref().unwrap_or(&w.zero);
+        // An absent bias is a null pointer (as qkv_post's absent norms are).
+        let bias = w.bias.as_ref().map_or(0, |b| self.address(b));
         let mut y_off = 0i32;
         for part in &w.parts {
             let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
@@ -319,14 +348,13 @@ impl CudaDevice {
             b.arg(&part.blocks)
                 .arg(&row_bytes)
                 .arg(x)
-                .arg(bias)
+                .arg(&bias)
                 .arg(&mut *y)
                 .arg(&ni)
                 .arg(&inn)
                 .arg(&ri)
                 .arg(&stride)
                 .arg(&y_off)
-                .arg(&has_bias)
                 .arg(&acc);
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -564,8 +592,6 @@ impl AttendParts {
 pub(crate) struct DeviceMatrix {
     pub(crate) parts: Vec<DevicePart>,
     pub(crate) bias: Option<CudaSlice<f32>>,
-    /// What a launch passes for an absent bias (never read).
-    zero: CudaSlice<f32>,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
 }
@@ -694,7 +720,6 @@ impl DeviceMatrix {
         Ok(DeviceMatrix {
             parts: out,
             bias: bias.map(|b| dev.upload(b)).transpose()?,
-            zero: dev.zeros(1)?,
             rows,
             cols,
         })

@@ -267,8 +267,8 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = row[j] * inv * w[j];
 }
 
-// y[r, y_off + o] = x[r] . W[o] (+ bias[y_off + o]) (+ y[r, y_off + o] when accumulating)
-// for the `rows` rows of a weight part W (row-major, `row_bytes` a row, in format FMT), x
+// y[r, y_off + o] = x[r] . W[o] (+ bias[y_off + o] unless bias is null) (+ y[r, y_off + o]
+// when accumulating) for the `rows` rows of a weight part W (row-major, `row_bytes` a row, in format FMT), x
 // rows of `in` values (a multiple of 32), y rows of `y_stride` values. One warp per output;
 // lane l sums chunks l, l + 32, ... in order, then the lanes are summed in a fixed tree: a
 // row's sum runs in the same order whatever rows share the launch. blockIdx.y picks a group
@@ -277,7 +277,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 template <int FMT>
 __device__ __forceinline__ void matvec_body(const u8* W, long long row_bytes, const float* x,
                                             const float* bias, float* y, int n, int in,
-                                            int rows, int y_stride, int y_off, int has_bias,
+                                            int rows, int y_stride, int y_off,
                                             int accumulate) {
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
@@ -313,7 +313,7 @@ __device__ __forceinline__ void matvec_body(const u8* W, long long row_bytes, co
     for (int r = 0; r < ROWS; r++) {
         float t = warp_sum(acc[r]);
         if (lane == 0 && r < nr) {
-            if (has_bias) t = t + bias[y_off + o];
+            if (bias) t = t + bias[y_off + o];
             float* dst = y + (long long)(r0 + r) * y_stride + y_off + o;
             *dst = accumulate ? *dst + t : t;
         }
@@ -323,10 +323,9 @@ __device__ __forceinline__ void matvec_body(const u8* W, long long row_bytes, co
 #define MATVEC(F)                                                                          \
     extern "C" __global__ void matvec_##F(const u8* W, long long row_bytes, const float* x,  \
                                           const float* bias, float* y, int n, int in,        \
-                                          int rows, int y_stride, int y_off, int has_bias,   \
+                                          int rows, int y_stride, int y_off,                 \
                                           int accumulate) {                                  \
-        matvec_body<F>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off, has_bias,     \
-                       accumulate);                                                          \
+        matvec_body<F>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off, accumulate);  \
     }
 MATVEC(0)
 MATVEC(1)

@@ -78,10 +78,16 @@ impl CudaModel {
         let embed = if c.tie_embeddings && lm_head.parts.len() == 1 {
             lm_head.clone()
         } else {
-            let mut table = vec![0f32; v * h];
-            model
-                .embed
-                .lookup(&(0..v as u32).collect::<Vec<_>>(), h, &mut table)?;
+            let table: Vec<f32> = match &model.embed {
+                Embedding::Table(m) => {
+                    let mut t = vec![0f32; v * h];
+                    for (r, row) in t.chunks_exact_mut(h).enumerate() {
+                        m.dequantize_row(r, row);
+                    }
+                    t
+                }
+                Embedding::Dense(t) => t.flatten_all()?.to_vec1::<f32>()?,
+            };
             Arc::new(DeviceMatrix::upload(&dev, &table, None, v, h)?)
         };
         let (cos, sin) = model.rope.tables();

@@ -43,16 +43,15 @@ pub struct CudaMtpHead {
     scratch: Mutex<Option<Scratch>>,
 }
 
-/// One map from several maps over the same input, their outputs side by side.
+/// One map from several maps over the same input, their outputs side by side, each part as
+/// its weights are held ([`Linear::file_parts`]).
 pub(super) fn concat(dev: &CudaDevice, parts: &[&Linear]) -> Result<DeviceMatrix> {
-    let cols = parts[0].in_features();
-    let rows = parts.iter().map(|p| p.out_features()).sum();
-    let mut w = Vec::with_capacity(rows * cols);
+    let mut file = Vec::with_capacity(parts.len());
     for p in parts {
-        w.extend(p.dense_rows()?);
+        file.extend(p.file_parts()?);
     }
     let bias = crate::weights::side_by_side_bias(parts);
-    DeviceMatrix::upload(dev, &w, bias.as_deref(), rows, cols)
+    DeviceMatrix::from_parts(dev, file, bias.as_deref())
 }
 
 impl CudaMtpHead {
