@@ -372,45 +372,33 @@ fn widen_groups<G: Group>(src: &[G], dst: &mut [f32]) {
 }
 pub use groups::{Q4Group, Q8Group, GROUP};
 
-impl KvElem for Q8Group {
-    const DTYPE: KvDtype = KvDtype::Q8;
-    const GROUP: usize = GROUP;
+/// A quantized group type as a [`KvElem`]: narrowed and widened group by group.
+macro_rules! group_elem {
+    ($group:ty, $dtype:expr) => {
+        impl KvElem for $group {
+            const DTYPE: KvDtype = $dtype;
+            const GROUP: usize = GROUP;
 
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        narrow_groups(src, dst)
-    }
+            fn narrow(src: &[f32], dst: &mut [Self]) {
+                narrow_groups(src, dst)
+            }
 
-    #[inline]
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        widen_groups(src, dst)
-    }
+            #[inline]
+            fn widen(src: &[Self], dst: &mut [f32]) {
+                widen_groups(src, dst)
+            }
 
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn widen_f16c(src: &[Self], dst: &mut [f32]) {
-        widen_groups_avx2(src, dst)
-    }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn widen_f16c(src: &[Self], dst: &mut [f32]) {
+                widen_groups_avx2(src, dst)
+            }
+        }
+    };
 }
 
-impl KvElem for Q4Group {
-    const DTYPE: KvDtype = KvDtype::Q4;
-    const GROUP: usize = GROUP;
-
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        narrow_groups(src, dst)
-    }
-
-    #[inline]
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        widen_groups(src, dst)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn widen_f16c(src: &[Self], dst: &mut [f32]) {
-        widen_groups_avx2(src, dst)
-    }
-}
+group_elem!(Q8Group, KvDtype::Q8);
+group_elem!(Q4Group, KvDtype::Q4);
 
 #[cfg(test)]
 mod tests {
