@@ -544,10 +544,11 @@ impl SsdArgs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Config {
+    /// The flags `args` as a server's command line would give them.
+    pub(crate) fn parse(args: &[&str]) -> Config {
         Config::try_parse_from(std::iter::once("mtplx-serve").chain(args.iter().copied())).unwrap()
     }
 

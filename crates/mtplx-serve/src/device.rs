@@ -143,11 +143,8 @@ mod tests {
     use mtplx_kv::{KvDtype, LayoutKind};
 
     use super::*;
+    use crate::config::tests::parse;
     use crate::config::Config;
-
-    fn parse(args: &[&str]) -> Config {
-        Config::try_parse_from(std::iter::once("mtplx-serve").chain(args.iter().copied())).unwrap()
-    }
 
     #[test]
     fn devices_parse_and_print_back() {
