@@ -1,9 +1,11 @@
 //! A diagnostic, not a result: the attention of one decode step over a long context, all
 //! layers, in each layout and element type, with the K/V bytes it reads per second.
 //!
-//! `cargo run --release -p mtplx-kv --example attend_decode -- [CONTEXT] [REPEATS] [DTYPE]`
-//! (defaults 6500, 20 and every element type; the default model's geometry: 30 layers, 9 query heads over 3 KV
-//! heads of 64).
+//! `cargo run --release -p mtplx-kv --example attend_decode -- [CONTEXT] [REPEATS] [DTYPE] [GEOMETRY] [QUERIES]`
+//! (defaults 6500, 20, every element type (`all`), `smollm2` and 1: the default model's 30
+//! layers, 9 query heads over 3 KV heads of 64; `qwen2.5-0.5b` is 24 layers, 14 query heads
+//! over 2 KV heads of 64, seven query heads to a KV head). With `QUERIES` above 1 the step is
+//! a prefill chunk's attention instead: that many queries at the newest positions.
 
 use std::time::Instant;
 
@@ -13,13 +15,30 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let context: usize = args.next().map_or(6500, |a| a.parse().expect("CONTEXT"));
     let repeats: usize = args.next().map_or(20, |a| a.parse().expect("REPEATS"));
-    let only: Option<KvDtype> = args.next().map(|a| a.parse().expect("DTYPE"));
-    let shape = KvShape {
-        layers: 30,
-        kv_heads: 3,
-        head_dim: 64,
+    let only: Option<KvDtype> = args
+        .next()
+        .filter(|a| a != "all")
+        .map(|a| a.parse().expect("DTYPE"));
+    let (shape, q_heads) = match args.next().as_deref() {
+        None | Some("smollm2") => (
+            KvShape {
+                layers: 30,
+                kv_heads: 3,
+                head_dim: 64,
+            },
+            9,
+        ),
+        Some("qwen2.5-0.5b") => (
+            KvShape {
+                layers: 24,
+                kv_heads: 2,
+                head_dim: 64,
+            },
+            14,
+        ),
+        Some(other) => panic!("GEOMETRY: smollm2 or qwen2.5-0.5b, not {other}"),
     };
-    let q_heads = 9;
+    let queries: usize = args.next().map_or(1, |a| a.parse().expect("QUERIES"));
     let row = shape.row_len();
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
@@ -29,10 +48,13 @@ fn main() {
         (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
     let rows: Vec<f32> = (0..context * row).map(|_| next()).collect();
-    let q: Vec<f32> = (0..q_heads * shape.head_dim).map(|_| next()).collect();
+    let q: Vec<f32> = (0..queries * q_heads * shape.head_dim)
+        .map(|_| next())
+        .collect();
     println!(
-        "context {context}, {repeats} steps of {} layers",
-        shape.layers
+        "context {context}, {repeats} steps of {} layers, {q_heads} query heads over {} KV heads, \
+         {queries} queries a step",
+        shape.layers, shape.kv_heads
     );
     for dtype in KvDtype::ALL
         .into_iter()

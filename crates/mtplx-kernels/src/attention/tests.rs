@@ -287,8 +287,11 @@ fn dot_handles_tails() {
 }
 
 /// A decode step (one or two queries, each KV head's query heads in one group, whole key
-/// blocks folded in registers, KV heads side by side in an item) gives the portable
-/// kernel's bits, at every element type, head size, group size and thread count.
+/// blocks folded in registers, KV heads side by side in an item) and a short prefill chunk
+/// (nine queries: tiles of query heads folded in registers eight at a time, partial
+/// blocks through the transposed tile) give the portable kernel's bits, at every element
+/// type, head size, group size (the widths in registers, 1-4 and 8, and those padded to
+/// 8) and thread count.
 #[test]
 fn decode_steps_give_the_portable_bits_on_this_cpu() {
     fn check<E: KvElem>(kv_heads: usize, group: usize, hd: usize) {
@@ -300,7 +303,7 @@ fn decode_steps_give_the_portable_bits_on_this_cpu() {
         let stored =
             |s: f32| -> Vec<E> { narrowed(&(0..n * row).map(|i| val(i, s)).collect::<Vec<_>>()) };
         let rows = Typed(stored(0.31), stored(0.17), row / E::GROUP);
-        for n_q in [1, 2] {
+        for n_q in [1, 2, 9] {
             // Mid-block, the last key of a block, the first of a span, deep in the last span.
             for last in [40, 47, ATTN_SPAN, n - 1] {
                 let g = AttnGeometry {
@@ -328,7 +331,15 @@ fn decode_steps_give_the_portable_bits_on_this_cpu() {
             }
         }
     }
-    for (kv_heads, group, hd) in [(3, 3, 64), (2, 7, 64), (2, 4, 128), (4, 1, 8), (1, 2, 32)] {
+    for (kv_heads, group, hd) in [
+        (3, 3, 64),
+        (2, 7, 64),
+        (2, 4, 128),
+        (4, 1, 8),
+        (1, 2, 32),
+        (1, 8, 64),
+        (1, 13, 32),
+    ] {
         check::<f32>(kv_heads, group, hd);
         check::<half::f16>(kv_heads, group, hd);
         check::<half::bf16>(kv_heads, group, hd);
