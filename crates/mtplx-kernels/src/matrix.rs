@@ -288,6 +288,16 @@ impl QuantMatrix {
             .max(1)
     }
 
+    /// All of `W`, dequantized, row-major `[rows, cols]` (what a backend that keeps its own
+    /// copy uploads): [`QuantMatrix::dequantize_row`] for every row.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut w = vec![0f32; self.rows * self.cols];
+        for (r, row) in w.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(r, row);
+        }
+        w
+    }
+
     /// Row `row` of `W`, dequantized (an embedding lookup): the exact weights the product
     /// uses.
     ///

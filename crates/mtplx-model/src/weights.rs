@@ -302,13 +302,7 @@ impl Linear {
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?
                 .to_vec1::<f32>()?),
-            LinearKind::Kernel(m) => {
-                let mut w = vec![0f32; self.out_features * self.in_features];
-                for (r, row) in w.chunks_exact_mut(self.in_features).enumerate() {
-                    m.dequantize_row(r, row);
-                }
-                Ok(w)
-            }
+            LinearKind::Kernel(m) => Ok(m.dequantize()),
             LinearKind::Parts(parts) => {
                 let mut w = Vec::with_capacity(self.out_features * self.in_features);
                 for p in parts {

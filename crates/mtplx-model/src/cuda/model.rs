@@ -79,13 +79,7 @@ impl CudaModel {
             lm_head.clone()
         } else {
             let table: Vec<f32> = match &model.embed {
-                Embedding::Table(m) => {
-                    let mut t = vec![0f32; v * h];
-                    for (r, row) in t.chunks_exact_mut(h).enumerate() {
-                        m.dequantize_row(r, row);
-                    }
-                    t
-                }
+                Embedding::Table(m) => m.dequantize(),
                 Embedding::Dense(t) => t.flatten_all()?.to_vec1::<f32>()?,
             };
             Arc::new(DeviceMatrix::upload(&dev, &table, None, v, h)?)
