@@ -86,6 +86,19 @@ fn main() {
                 (total, best) = (total + s, best.min(s));
             }
             let per = total / repeats as f64;
+            let keys = (context * shape.layers * shape.kv_heads) as f64;
+            if queries > 1 {
+                // A prefill chunk reads the K/V once per tile of queries: a rate of bytes
+                // would say nothing; time per query and key does.
+                println!(
+                    "{dtype:>4} {name:>10}: {:7.2} ms a step (best {:.2}), best {:.2} ns per \
+                     query, key and KV head",
+                    per * 1e3,
+                    best * 1e3,
+                    best * 1e9 / (keys * queries as f64)
+                );
+                continue;
+            }
             let bytes = context * shape.bytes_per_token(dtype);
             println!(
                 "{dtype:>4} {name:>10}: {:7.2} ms a step (best {:.2}), {:6.1} GB/s of K/V \
@@ -94,7 +107,7 @@ fn main() {
                 best * 1e3,
                 bytes as f64 / per / 1e9,
                 bytes as f64 / 1e6,
-                best * 1e9 / (context * shape.layers * shape.kv_heads) as f64
+                best * 1e9 / keys
             );
         }
     }

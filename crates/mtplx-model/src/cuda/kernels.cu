@@ -268,12 +268,13 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 }
 
 // y[r, y_off + o] = x[r] . W[o] (+ bias[y_off + o] unless bias is null) (+ y[r, y_off + o]
-// when accumulating) for the `rows` rows of a weight part W (row-major, `row_bytes` a row, in format FMT), x
-// rows of `in` values (a multiple of 32), y rows of `y_stride` values. One warp per output;
-// lane l sums chunks l, l + 32, ... in order, then the lanes are summed in a fixed tree: a
-// row's sum runs in the same order whatever rows share the launch. blockIdx.y picks a group
-// of up to ROWS rows, all computed in one pass over W. One kernel per format (`matvec_F`,
-// F the format's code), so each holds only its own format's code.
+// when accumulating) for the `rows` rows of a weight part W (row-major, `row_bytes` a row,
+// in format FMT), x rows of `in` values (a multiple of 32), y rows of `y_stride` values.
+// One warp per output; lane l sums chunks l, l + 32, ... in order, then the lanes are
+// summed in a fixed tree: a row's sum runs in the same order whatever rows share the
+// launch. blockIdx.y picks a group of up to ROWS rows, all computed in one pass over W. One
+// kernel per format (`matvec_F`, F the format's code), so each holds only its own format's
+// code.
 template <int FMT>
 __device__ __forceinline__ void matvec_body(const u8* W, long long row_bytes, const float* x,
                                             const float* bias, float* y, int n, int in,
