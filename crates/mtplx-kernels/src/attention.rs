@@ -419,6 +419,7 @@ impl Isa {
                 }
                 let f16c = is_x86_feature_detected!("f16c");
                 if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("fma")
                     && f16c
@@ -441,28 +442,31 @@ impl Isa {
             Isa::Avx512 => item_avx512(src, it, out, s),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => item_avx2(src, it, out, s),
-            Isa::Portable => item::<S, false>(src, it, out, s),
+            Isa::Portable => item::<S, false, false>(src, it, out, s),
         }
     }
 }
 
 /// The AVX2 code with AVX-512VL's 32 vector registers and embedded broadcasts: eight query
 /// heads' scores and sums in registers without spills (`attend_decode`, 6,500 positions,
-/// f16, 2-core Zen 4: a 512-query prefill chunk 13-25% faster, a decode step 4-8%).
+/// f16, 2-core Zen 4: a 512-query prefill chunk 13-25% faster, a decode step 4-8%); and for
+/// 16-bit K/V, whole key blocks on 512-bit vectors ([`zmm`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn item_avx512<S: RowSource>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
-    item::<S, true>(src, it, out, s)
+    item::<S, true, true>(src, it, out, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn item_avx2<S: RowSource>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
-    item::<S, true>(src, it, out, s)
+    item::<S, true, false>(src, it, out, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod zmm;
 
 /// How many key blocks ahead of the one being folded the kernel prefetches: 0, the block
 /// itself, measured fastest (`attend_decode` at 6,500 positions on a 2-core Zen3, one and
@@ -518,7 +522,7 @@ unsafe fn widen<E: KvElem, const F16C: bool>(src: &[E], dst: &mut [f32]) {
 /// `out` points to the `out` of [`attend_with`] (or a slot of its span states); no other
 /// thread writes these query heads.
 #[inline(always)]
-unsafe fn item<S: RowSource, const F16C: bool>(
+unsafe fn item<S: RowSource, const F16C: bool, const ZMM: bool>(
     src: &S,
     it: &Item<'_>,
     out: Dst,
@@ -616,7 +620,11 @@ unsafe fn item<S: RowSource, const F16C: bool>(
                     let mut s = [$(x86::Softmax { m: st[t($r)].m, l: st[t($r)].l }),+];
                     let a = [$(if $r < take { acc.add(t($r) * hd) } else { pad }),+];
                     let qs = [$(&it.q[at_of(t($r))..at_of(t($r)) + hd]),+];
-                    x86::block_fused($k, $v, hd, &qs, g.scale, &mut s, a);
+                    if ZMM && zmm::takes::<S::Elem>(hd, qs.len()) {
+                        zmm::block_fused($k, $v, hd, &qs, g.scale, &mut s, a);
+                    } else {
+                        x86::block_fused($k, $v, hd, &qs, g.scale, &mut s, a);
+                    }
                     for (r, s) in s.into_iter().enumerate().take(take) {
                         st[t0 + r] = State { m: s.m, l: s.l };
                     }

@@ -339,6 +339,7 @@ fn decode_steps_give_the_portable_bits_on_this_cpu() {
         (1, 2, 32),
         (1, 8, 64),
         (1, 13, 32),
+        (2, 1, 64),
     ] {
         check::<f32>(kv_heads, group, hd);
         check::<half::f16>(kv_heads, group, hd);
@@ -379,7 +380,7 @@ fn exp8_gives_the_bits_of_exp() {
         seed ^= seed << 17;
         xs.push(-100.0 * (seed >> 40) as f32 / (1u64 << 24) as f32 + 1.0);
     }
-    xs.resize(xs.len().next_multiple_of(8), 0.0);
+    xs.resize(xs.len().next_multiple_of(16), 0.0);
     #[target_feature(enable = "avx2,fma")]
     unsafe fn lanes(x: &[f32]) -> [f32; 8] {
         use std::arch::x86_64::*;
@@ -392,6 +393,27 @@ fn exp8_gives_the_bits_of_exp() {
         let got = unsafe { lanes(chunk) };
         for (x, e) in chunk.iter().zip(got) {
             assert_eq!(e.to_bits(), exp(*x).to_bits(), "exp({x})");
+        }
+    }
+    // And the sixteen-lane one, where the CPU has it.
+    if !is_x86_feature_detected!("avx512f") {
+        return;
+    }
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lanes16(x: &[f32]) -> [f32; 16] {
+        use std::arch::x86_64::*;
+        let mut out = [0f32; 16];
+        _mm512_storeu_ps(
+            out.as_mut_ptr(),
+            super::zmm::exp16(_mm512_loadu_ps(x.as_ptr())),
+        );
+        out
+    }
+    for chunk in xs.chunks_exact(16) {
+        // SAFETY: AVX-512F was detected above; the chunk holds 16 values.
+        let got = unsafe { lanes16(chunk) };
+        for (x, e) in chunk.iter().zip(got) {
+            assert_eq!(e.to_bits(), exp(*x).to_bits(), "exp16({x})");
         }
     }
 }

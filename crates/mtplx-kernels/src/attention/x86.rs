@@ -224,7 +224,7 @@ pub(super) unsafe fn exp8(x: __m256) -> __m256 {
 /// The largest of the 16 lanes of `a` and `b` (exact: a maximum is the same whatever the
 /// order it is taken in).
 #[inline(always)]
-unsafe fn max16(a: __m256, b: __m256) -> f32 {
+pub(super) unsafe fn max16(a: __m256, b: __m256) -> f32 {
     let m = _mm256_max_ps(a, b);
     let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
