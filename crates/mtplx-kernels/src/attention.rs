@@ -620,7 +620,7 @@ unsafe fn item<S: RowSource, const F16C: bool, const ZMM: bool>(
                     let mut s = [$(x86::Softmax { m: st[t($r)].m, l: st[t($r)].l }),+];
                     let a = [$(if $r < take { acc.add(t($r) * hd) } else { pad }),+];
                     let qs = [$(&it.q[at_of(t($r))..at_of(t($r)) + hd]),+];
-                    if ZMM && zmm::takes::<S::Elem>(hd, qs.len()) {
+                    if ZMM && zmm::takes::<S::Elem>(hd) {
                         zmm::block_fused($k, $v, hd, &qs, g.scale, &mut s, a);
                     } else {
                         x86::block_fused($k, $v, hd, &qs, g.scale, &mut s, a);
