@@ -12,6 +12,8 @@
 //! - `tidy`: the rules a machine can check (`tidy/`); its tests run with the others.
 //! - `make-hybrid`: a small seeded Qwen3-Next checkpoint under the published names
 //!   (`make_hybrid.rs`).
+//! - `make-shaped`: a GGUF file of a published shape (Llama-3-8B) with seeded random
+//!   weights in Q4_0 or Q4_K_M, for speed benchmarks (`make_shaped.rs`).
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -21,6 +23,7 @@ use run::{cargo, fetch_known, fetch_model};
 
 mod cold_bench;
 mod make_hybrid;
+mod make_shaped;
 mod mtp_corpus;
 mod peer;
 mod peer_server;
@@ -55,6 +58,9 @@ enum Task {
     Peer(peer::PeerArgs),
     /// Write a small seeded Qwen3-Next checkpoint under the published names.
     MakeHybrid(make_hybrid::MakeHybridArgs),
+    /// Write a GGUF file of a published shape (Llama-3-8B) with seeded random weights,
+    /// quantized as llama.cpp quantizes it (Q4_0, Q4_K_M): for speed benchmarks.
+    MakeShaped(make_shaped::MakeShapedArgs),
     /// The tidy checks (dependency allow-lists, file sizes, module docs, the hasher, import
     /// cycles): prints every violation.
     Tidy,
@@ -93,6 +99,13 @@ fn main() -> Result<()> {
                 None => fetch_model()?,
             };
             make_hybrid::run(&args, Some(&gguf))?
+        }
+        Task::MakeShaped(args) => {
+            let tokenizer = match &args.tokenizer_from {
+                Some(path) => path.clone(),
+                None => fetch_model()?,
+            };
+            make_shaped::run(&args, &tokenizer)?
         }
         Task::FetchModel => {
             fetch_model()?;

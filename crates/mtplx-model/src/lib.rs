@@ -34,6 +34,7 @@ mod model;
 pub mod mtp;
 pub mod ops;
 pub mod sampling;
+pub mod shaped;
 pub mod source;
 pub mod stop;
 pub mod store;
