@@ -7,28 +7,39 @@ pub const ATTN_BLOCK: usize = 16;
 /// Query heads whose scores are computed in one pass over the key tile.
 pub(super) const GROUP: usize = 4;
 
+/// [`exp`]'s constants, which its vector builds (`x86::exp8`, `zmm::exp16`) use too: the same
+/// bits need the same constants. `1.5 · 2²³`: adding it rounds to an integer.
+pub(super) const EXP_MAGIC: f32 = 12_582_912.0;
+/// `ln 2` split in two for the Cody–Waite reduction.
+pub(super) const EXP_LN2_HI: f32 = 0.693_145_75;
+pub(super) const EXP_LN2_LO: f32 = 1.428_606_8e-6;
+/// The Taylor polynomial's coefficients, highest degree first (Horner's steps from the first).
+pub(super) const EXP_POLY: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// `e^x` for the softmax (`x ≤ 0`): Cody–Waite reduction to `r ∈ [−ln2/2, ln2/2]`, a degree-7
 /// Taylor polynomial (relative error below 2·10⁻⁷), scaled by `2ⁿ`; 0 below −87.
 /// Fused multiply-adds and plain IEEE operations only, so every build gives the same bits.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
     let xc = x.clamp(-87.0, 88.0);
-    let t = xc.mul_add(std::f32::consts::LOG2_E, MAGIC);
-    let n = t - MAGIC;
-    let r = n.mul_add(-LN2_HI, xc);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p: f32 = 1.0 / 5040.0;
-    p = p.mul_add(r, 1.0 / 720.0);
-    p = p.mul_add(r, 1.0 / 120.0);
-    p = p.mul_add(r, 1.0 / 24.0);
-    p = p.mul_add(r, 1.0 / 6.0);
-    p = p.mul_add(r, 0.5);
-    p = p.mul_add(r, 1.0);
-    p = p.mul_add(r, 1.0);
-    let k = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let t = xc.mul_add(std::f32::consts::LOG2_E, EXP_MAGIC);
+    let n = t - EXP_MAGIC;
+    let r = n.mul_add(-EXP_LN2_HI, xc);
+    let r = n.mul_add(-EXP_LN2_LO, r);
+    let mut p = EXP_POLY[0];
+    for c in &EXP_POLY[1..] {
+        p = p.mul_add(r, *c);
+    }
+    let k = (t.to_bits() as i32).wrapping_sub(EXP_MAGIC.to_bits() as i32);
     let scale = f32::from_bits(((k + 127) << 23) as u32);
     if x < -87.0 {
         0.0

@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 /// Keys in a block: the kernel's `ATTN_BLOCK` (its key rows arrive as an array of this
 /// length, so the two cannot disagree and compile).
 const BLOCK: usize = 16;
+use super::block::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAGIC, EXP_POLY};
 use crate::elem::groups::{q4_load8, q8_load8};
 use crate::elem::{KvDtype, KvElem, Q4Group, Q8Group, GROUP};
 
@@ -189,32 +190,21 @@ pub(super) unsafe fn scores_fused_group<E: KvElem, const G: usize>(
 /// AVX2 and FMA are enabled in the caller.
 #[inline(always)]
 pub(super) unsafe fn exp8(x: __m256) -> __m256 {
-    const MAGIC: f32 = 12_582_912.0;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
     let set = _mm256_set1_ps;
     // `x.clamp(-87, 88)`: `maxps`/`minps` return their second operand when one is NaN, so
     // a NaN passes through, as it does the scalar clamp.
     let xc = _mm256_min_ps(set(88.0), _mm256_max_ps(set(-87.0), x));
-    let t = _mm256_fmadd_ps(xc, set(std::f32::consts::LOG2_E), set(MAGIC));
-    let n = _mm256_sub_ps(t, set(MAGIC));
-    let r = _mm256_fmadd_ps(n, set(-LN2_HI), xc);
-    let r = _mm256_fmadd_ps(n, set(-LN2_LO), r);
-    let mut p = set(1.0 / 5040.0);
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = _mm256_fmadd_ps(p, r, set(c));
+    let t = _mm256_fmadd_ps(xc, set(std::f32::consts::LOG2_E), set(EXP_MAGIC));
+    let n = _mm256_sub_ps(t, set(EXP_MAGIC));
+    let r = _mm256_fmadd_ps(n, set(-EXP_LN2_HI), xc);
+    let r = _mm256_fmadd_ps(n, set(-EXP_LN2_LO), r);
+    let mut p = set(EXP_POLY[0]);
+    for c in &EXP_POLY[1..] {
+        p = _mm256_fmadd_ps(p, r, set(*c));
     }
     let k = _mm256_sub_epi32(
         _mm256_castps_si256(t),
-        _mm256_set1_epi32(MAGIC.to_bits() as i32),
+        _mm256_set1_epi32(EXP_MAGIC.to_bits() as i32),
     );
     let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(k, _mm256_set1_epi32(127)));
     let below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(-87.0));

@@ -17,6 +17,7 @@
 
 use std::arch::x86_64::*;
 
+use super::block::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAGIC, EXP_POLY};
 use super::x86::{exp8, BlockRows, Softmax};
 use crate::elem::{KvDtype, KvElem};
 
@@ -139,32 +140,21 @@ unsafe fn columns<E: KvElem, B: BlockRows<E>>(rows: &B, d0: usize, st: &Steps) -
 /// AVX-512F in the caller.
 #[inline(always)]
 pub(super) unsafe fn exp16(x: __m512) -> __m512 {
-    const MAGIC: f32 = 12_582_912.0;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
     let set = _mm512_set1_ps;
     // The same operand order as `exp8` (`maxps`/`minps` return the second operand when one
     // is NaN).
     let xc = _mm512_min_ps(set(88.0), _mm512_max_ps(set(-87.0), x));
-    let t = _mm512_fmadd_ps(xc, set(std::f32::consts::LOG2_E), set(MAGIC));
-    let n = _mm512_sub_ps(t, set(MAGIC));
-    let r = _mm512_fmadd_ps(n, set(-LN2_HI), xc);
-    let r = _mm512_fmadd_ps(n, set(-LN2_LO), r);
-    let mut p = set(1.0 / 5040.0);
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = _mm512_fmadd_ps(p, r, set(c));
+    let t = _mm512_fmadd_ps(xc, set(std::f32::consts::LOG2_E), set(EXP_MAGIC));
+    let n = _mm512_sub_ps(t, set(EXP_MAGIC));
+    let r = _mm512_fmadd_ps(n, set(-EXP_LN2_HI), xc);
+    let r = _mm512_fmadd_ps(n, set(-EXP_LN2_LO), r);
+    let mut p = set(EXP_POLY[0]);
+    for c in &EXP_POLY[1..] {
+        p = _mm512_fmadd_ps(p, r, set(*c));
     }
     let k = _mm512_sub_epi32(
         _mm512_castps_si512(t),
-        _mm512_set1_epi32(MAGIC.to_bits() as i32),
+        _mm512_set1_epi32(EXP_MAGIC.to_bits() as i32),
     );
     let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(k, _mm512_set1_epi32(127)));
     let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, set(-87.0));
