@@ -11,9 +11,9 @@
 //!   `ffn_down` in the layers its `use_more_bits` picks (the first and last eighth, and
 //!   every third in between).
 //!
-//! The blocks are written straight from a seeded generator (the quantized values random,
-//! the scales fixed so the weights come out at roughly ±0.02), so an 8B file takes seconds,
-//! not the minutes quantizing random floats would. Norms are ones. The tokenizer and chat
+//! The blocks are written straight from a seeded stream ([`crate::sampling::Rng`]): the
+//! quantized values random, the scales fixed so the weights come out at roughly ±0.02. So
+//! an 8B file takes seconds, not the minutes quantizing random floats would. Norms are ones. The tokenizer and chat
 //! template are a GGUF file's, its token list padded with `<|reserved_N|>` control tokens
 //! to the shape's vocabulary.
 
@@ -24,6 +24,7 @@ use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QTensor};
 use candle_core::Device;
 
 use crate::error::{ModelError, Result};
+use crate::sampling::Rng;
 use crate::source::GgufSource;
 
 /// A llama-architecture model's geometry.
@@ -104,18 +105,10 @@ impl Quant {
     }
 }
 
-/// xorshift64*: the weights' bytes.
-struct Rng(u64);
-
-impl Rng {
-    fn fill(&mut self, out: &mut [u8]) {
-        for chunk in out.chunks_mut(8) {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
-            chunk.copy_from_slice(&x[..chunk.len()]);
-        }
+/// `out` filled from the stream of `rng`, eight bytes to a draw.
+fn fill(rng: &mut Rng, out: &mut [u8]) {
+    for chunk in out.chunks_mut(8) {
+        chunk.copy_from_slice(&rng.next_u64().to_le_bytes()[..chunk.len()]);
     }
 }
 
@@ -125,7 +118,7 @@ fn random_blocks(dtype: GgmlDType, rows: usize, cols: usize, rng: &mut Rng) -> V
     let n = rows * cols / dtype.block_size();
     let size = dtype.type_size();
     let mut out = vec![0u8; n * size];
-    rng.fill(&mut out);
+    fill(rng, &mut out);
     let f16 = |x: f32| half::f16::from_f32(x).to_le_bytes();
     for block in out.chunks_mut(size) {
         match dtype {
@@ -151,9 +144,9 @@ fn tokenizer_metadata(source: &Path, vocab: usize) -> Result<Vec<(String, Value)
     let mut out: Vec<(String, Value)> = gguf
         .content()
         .metadata
-        .clone()
-        .into_iter()
+        .iter()
         .filter(|(k, _)| k.starts_with("tokenizer."))
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     for (key, value) in &mut out {
@@ -227,7 +220,7 @@ pub fn write_gguf(
     ];
     md.extend(tokenizer_metadata(tokenizer, s.vocab)?);
 
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
     let mut matrix = |name: String, kind: &str, layer: usize, rows: usize, cols: usize| {
         let dtype = quant.dtype(kind, layer, s.layers);
