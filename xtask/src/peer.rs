@@ -19,7 +19,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use mtplx_kv::{CacheFactory, Sequence};
-use mtplx_model::{prefill, ForwardOutput, LanguageModel, Model, Want, WeightFormat};
+use mtplx_model::{prefill, ForwardOutput, LanguageModel, Model, Want};
 
 /// The llama.cpp release the peer is built from (vendored by this sdist).
 const SDIST: &str = "llama-cpp-python==0.3.36";
@@ -351,9 +351,10 @@ fn tokens(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| 100 + (i * 7919) % 20_000).collect()
 }
 
-/// mtplx's own figures on the default (native) weights, in this process.
+/// mtplx's own figures on the weights the server would choose for the file
+/// ([`mtplx_model::Bundle::default_format`]), in this process.
 fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
-    let model = Model::load(model_path, WeightFormat::Native)?;
+    let model = Model::load(model_path, mtplx_model::Bundle::default_format(model_path)?)?;
     let shape = model.state_shape();
     let factory = CacheFactory::contiguous().with_dtype(args.kv_dtype)?;
     let mut figures = Figures::default();

@@ -67,7 +67,13 @@ macro_rules! lanes {
 
 /// Copies the `width`-byte field at `src_off` of each row's block into consecutive lanes at
 /// `dst_off`.
-fn gather(src: &[&[u8]; TILE], src_off: usize, width: usize, dst: &mut [u8], dst_off: usize) {
+pub(crate) fn gather(
+    src: &[&[u8]; TILE],
+    src_off: usize,
+    width: usize,
+    dst: &mut [u8],
+    dst_off: usize,
+) {
     for (j, s) in src.iter().enumerate() {
         let d = dst_off + j * width;
         dst[d..d + width].copy_from_slice(&s[src_off..src_off + width]);
@@ -75,7 +81,7 @@ fn gather(src: &[&[u8]; TILE], src_off: usize, width: usize, dst: &mut [u8], dst
 }
 
 /// Weight `i` of a 32-weight nibble block (`qs` 16 bytes): low nibbles are weights 0-15.
-fn nib32(qs: &[u8], i: usize) -> u8 {
+pub(crate) fn nib32(qs: &[u8], i: usize) -> u8 {
     if i < 16 {
         qs[i] & 0xF
     } else {
@@ -258,7 +264,7 @@ fn pack_fields(dst: &mut [u8], dst_off: usize, inputs: usize, c: impl Fn(usize, 
 }
 
 /// Bit `i` of a 5-bit block's little-endian `u32` of high bits.
-fn high_bit(qh: &[u8], i: usize) -> u8 {
+pub(crate) fn high_bit(qh: &[u8], i: usize) -> u8 {
     (qh[i / 8] >> (i % 8)) & 1
 }
 
@@ -338,7 +344,7 @@ impl Layout for Q5_1 {
 
 /// The first 320 bytes of a Q4_K or Q5_K tile-block: `d[16]`, `dmin[16]` (f16), then the
 /// 8 sub-blocks' 6-bit scales and mins unpacked to bytes (`sc[8][16]`, `min[8][16]`).
-fn pack_k4_scales(src: &[&[u8]; TILE], dst: &mut [u8]) {
+pub(crate) fn pack_k4_scales(src: &[&[u8]; TILE], dst: &mut [u8]) {
     gather(src, 0, 2, dst, 0);
     gather(src, 2, 2, dst, 32);
     for s in 0..8 {
@@ -369,7 +375,7 @@ unsafe fn k4_scales<S: Simd, const C: usize>(
 }
 
 /// ggml's 6-bit scale and min of sub-block `j` from the 12 packed bytes.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -9,7 +9,10 @@
 //!
 //! # Matrix kernels
 //! CPU matrix kernels over weights kept in their GGUF format: `y = x Wᵀ` for `W` in Q4_0,
-//! Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16 or F32, with `f32` activations.
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16 or F32, with `f32` activations; and
+//! for Q8_0, Q5_0, Q4_K and Q6_K also with activations rounded to 8 bits
+//! ([`Activations::Q8`], the `q8` module: integer dot products, `vpdpbusd` on AVX-512 VNNI),
+//! a choice made when the matrix is built.
 //!
 //! # Numerics contract
 //! Every output is one sequential fused multiply-add chain over the inputs, in input order:
@@ -27,8 +30,13 @@
 //! - a quantized matrix and the dense `f32` matrix of its dequantized weights
 //!   ([`QuantMatrix::from_f32`]) give the same bits;
 //! - the error against exact arithmetic is that of an `f32` dot product: at most about
-//!   `cols × 2⁻²⁴ × Σ|w x|`. Activations are never quantized (ggml rounds them to 8 bits,
+//!   `cols × 2⁻²⁴ × Σ|w x|`. Activations are not quantized (ggml rounds them to 8 bits,
 //!   which moved this project's default model's logits by up to 1.4).
+//!
+//! An [`Activations::Q8`] matrix has its own contract (the `q8` module's docs): each row
+//! of `x` rounded per block, integer sums (exact, so in any order), one `f32` step per block
+//! in input order. Its rows are batch-invariant and the same bits on every instruction set
+//! as above; its numbers are those of the rounded activations.
 //!
 //! # Layout and speed
 //! Weights are repacked at load into tiles of 16 output rows (`layout.rs`): one vector holds
@@ -55,6 +63,7 @@ mod matrix;
 #[doc(hidden)]
 pub mod non_invariant;
 pub mod pool;
+mod q8;
 mod simd;
 
 pub use elem::{KvDtype, KvElem};
@@ -62,3 +71,4 @@ pub use format::{QuantFormat, TILE};
 pub use isa::Isa;
 pub use matrix::{QuantMatrix, QuantMatrixError};
 pub use pool::{Pool, DEFAULT_SPIN};
+pub use q8::Activations;

@@ -1,12 +1,14 @@
 //! [`QuantMatrix`]: a `[rows, cols]` weight kept in its file format, and its product.
 
 use std::fmt;
+use std::ops::Range;
 
 use crate::format::{QuantFormat, TILE};
 use crate::isa::{kernel, Isa, Kernel};
 use crate::kernel::Job;
 use crate::layout::{self, Layout, Sink};
 use crate::pool::Pool;
+use crate::q8::{self, Activations, Job8};
 use crate::simd::scalar::Scalar;
 
 /// Why a weight cannot become a [`QuantMatrix`].
@@ -50,6 +52,7 @@ struct Line([u8; 64]);
 #[derive(Clone)]
 pub struct QuantMatrix {
     format: QuantFormat,
+    activations: Activations,
     rows: usize,
     cols: usize,
     tiles: usize,
@@ -61,6 +64,7 @@ impl fmt::Debug for QuantMatrix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QuantMatrix")
             .field("format", &self.format)
+            .field("activations", &self.activations)
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .finish_non_exhaustive()
@@ -68,13 +72,28 @@ impl fmt::Debug for QuantMatrix {
 }
 
 impl QuantMatrix {
-    /// From GGUF tensor bytes: `rows` rows of `cols / block_len` blocks each.
+    /// From GGUF tensor bytes: `rows` rows of `cols / block_len` blocks each; its products
+    /// use the activations as they are ([`Activations::F32`]).
     pub fn from_gguf_bytes(
         format: QuantFormat,
         bytes: &[u8],
         rows: usize,
         cols: usize,
     ) -> Result<Self, QuantMatrixError> {
+        Self::from_gguf_bytes_with(format, bytes, rows, cols, Activations::F32)
+    }
+
+    /// [`from_gguf_bytes`](Self::from_gguf_bytes) for products with `activations` (which
+    /// falls back to [`Activations::F32`] for a format without 8-bit kernels: see
+    /// [`Activations::for_format`] and [`activations`](Self::activations)).
+    pub fn from_gguf_bytes_with(
+        format: QuantFormat,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        activations: Activations,
+    ) -> Result<Self, QuantMatrixError> {
+        let activations = activations.for_format(format);
         let block = format.block_len();
         if cols == 0 || !cols.is_multiple_of(block) {
             return Err(QuantMatrixError::Columns {
@@ -95,7 +114,11 @@ impl QuantMatrix {
             });
         }
         let tiles = rows.div_ceil(TILE);
-        let tile_stride = blocks * format.tile_block_bytes();
+        let tbb = match activations {
+            Activations::F32 => format.tile_block_bytes(),
+            Activations::Q8 => q8::pack::tile_block_bytes(format).expect("checked by for_format"),
+        };
+        let tile_stride = blocks * tbb;
         let mut data = vec![Line([0; 64]); (tiles * tile_stride).div_ceil(64)];
         // SAFETY: `Line` is plain bytes; the slice covers exactly the vector's allocation.
         let dst = unsafe {
@@ -116,7 +139,6 @@ impl QuantMatrix {
             QuantFormat::Q6K => layout::Q6K::pack,
         };
         let bb = format.block_bytes();
-        let tbb = format.tile_block_bytes();
         for t in 0..tiles {
             for b in 0..blocks {
                 // Rows past the end (the last tile's padding) are all-zero blocks: weight 0.
@@ -129,11 +151,15 @@ impl QuantMatrix {
                     }
                 });
                 let at = t * tile_stride + b * tbb;
-                pack(&src, &mut dst[at..at + tbb]);
+                match activations {
+                    Activations::F32 => pack(&src, &mut dst[at..at + tbb]),
+                    Activations::Q8 => q8::pack::pack(format, &src, &mut dst[at..at + tbb]),
+                }
             }
         }
         Ok(QuantMatrix {
             format,
+            activations,
             rows,
             cols,
             tiles,
@@ -159,8 +185,11 @@ impl QuantMatrix {
             return err(0, "no matrices");
         };
         for (i, p) in parts.iter().enumerate() {
-            if (p.format, p.cols) != (first.format, first.cols) {
-                return err(i, "its format or column count differs from part 0's");
+            if (p.format, p.activations, p.cols) != (first.format, first.activations, first.cols) {
+                return err(
+                    i,
+                    "its format, activations or column count differs from part 0's",
+                );
             }
             if i + 1 < parts.len() && !p.rows.is_multiple_of(TILE) {
                 return err(
@@ -186,6 +215,7 @@ impl QuantMatrix {
         }
         Ok(QuantMatrix {
             format: first.format,
+            activations: first.activations,
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             tiles,
@@ -196,6 +226,11 @@ impl QuantMatrix {
 
     pub fn format(&self) -> QuantFormat {
         self.format
+    }
+
+    /// What its products do with their activations.
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// Output features.
@@ -237,6 +272,12 @@ impl QuantMatrix {
         if n == 0 {
             return;
         }
+        if self.activations == Activations::Q8 {
+            let kernel =
+                q8::kernel(isa, self.format).unwrap_or_else(|| panic!("{isa:?} does not run here"));
+            // SAFETY: as below.
+            return unsafe { self.run_kernel8(pool, kernel, x, n, out) };
+        }
         let kernel =
             kernel(isa, self.format).unwrap_or_else(|| panic!("{isa:?} does not run here"));
         // SAFETY: `kernel` is this matrix's format's, and runs on this CPU.
@@ -265,15 +306,51 @@ impl QuantMatrix {
             n,
             out: out.as_mut_ptr(),
         };
+        // SAFETY: `job` points into `self`, `x` and `out`, which outlive the product; the
+        // ranges are disjoint, so their output columns are too; the caller guarantees that
+        // `kernel` fits the format and runs on this CPU.
+        self.over_tiles(pool, n, &|range| unsafe { kernel(&job, range) });
+    }
+
+    /// [`run_kernel`](Self::run_kernel) for an [`Activations::Q8`] matrix: `x` rounded into
+    /// the calling thread's buffer (by rows over `pool` when there are many), then the tiles
+    /// split over `pool`.
+    ///
+    /// # Safety
+    /// As `run_kernel`, for an 8-bit `kernel` of this matrix's format.
+    unsafe fn run_kernel8(
+        &self,
+        pool: &Pool,
+        kernel: q8::Kernel8,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        // Q8_0's activations (32-input formats) keep f16 scales, Q8_K's (K-quants) f32.
+        let xblock = self.format.block_len();
+        q8::with_rounded(pool, x, self.cols, xblock, xblock == 32, |xq| {
+            let job = Job8 {
+                data: self.bytes(),
+                tile_stride: self.tile_stride,
+                rows: self.rows,
+                cols: self.cols,
+                n,
+                qs: xq.qs.as_ptr(),
+                d: xq.d.as_ptr(),
+                s16: xq.s16.as_ptr(),
+                out: out.as_mut_ptr(),
+            };
+            // SAFETY: as in `run_kernel`.
+            self.over_tiles(pool, n, &|range| unsafe { kernel(&job, range) });
+        })
+    }
+
+    /// Runs `task` over the output tiles, split into disjoint ranges over `pool`'s threads
+    /// ([`parts`](Self::parts) of them for `n` rows).
+    fn over_tiles(&self, pool: &Pool, n: usize, task: &(dyn Fn(Range<usize>) + Sync)) {
         let parts = self.parts(pool, n);
         let tiles = self.tiles;
-        pool.run(parts, &|p| {
-            let range = tiles * p / parts..tiles * (p + 1) / parts;
-            // SAFETY: `job` points into `self`, `x` and `out`, which outlive `run`; the
-            // parts' tile ranges are disjoint, so their output columns are too; the caller
-            // guarantees that `kernel` fits the format and runs on this CPU.
-            unsafe { kernel(&job, range) }
-        });
+        pool.run(parts, &|p| task(tiles * p / parts..tiles * (p + 1) / parts));
     }
 
     /// How many threads a product should use: all of them, unless the work is so small that
@@ -308,6 +385,16 @@ impl QuantMatrix {
         assert_eq!(out.len(), self.cols);
         let (t, lane) = (row / TILE, row % TILE);
         let base = self.bytes().wrapping_add(t * self.tile_stride);
+        if self.activations == Activations::Q8 {
+            let tbb = self.tile_stride / (self.cols / self.format.block_len());
+            let bl = self.format.block_len();
+            for (b, chunk) in out.chunks_exact_mut(bl).enumerate() {
+                // SAFETY: tile-block `b` of tile `t` lies inside `self.data`.
+                let tb = unsafe { std::slice::from_raw_parts(base.add(b * tbb), tbb) };
+                q8::pack::dequantize(self.format, tb, lane, chunk);
+            }
+            return;
+        }
         struct Lane<'a> {
             out: &'a mut [f32],
             lane: usize,

@@ -4,7 +4,8 @@
 //! - `bandwidth/*`: plain reads of a buffer the size of the model's weights (96 MB) and of
 //!   one past the caches (512 MB): the ceiling for decode;
 //! - `matvec/*` (n = 1, throughput in weight bytes: GB/s) and `prefill/*` (n = 512,
-//!   throughput in flops: "Gelem/s" = GFLOP/s) per shape and format;
+//!   throughput in flops: "Gelem/s" = GFLOP/s) per shape and format, `mtplx_q8` the same
+//!   weights with 8-bit activations (Q8_0, Q5_0, Q4_K, Q6_K);
 //! - `verify/*`: blocks of 1-8 rows (speculative verification) on one matrix;
 //! - `step/*`: one decode step's products (30 layers of 7 projections + the tied Q8_0 head)
 //!   over distinct weights, as a decode step streams them.
@@ -17,7 +18,7 @@ use std::time::Duration;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use mtplx_model::kernels::{Pool, QuantFormat, QuantMatrix};
+use mtplx_model::kernels::{Activations, Pool, QuantFormat, QuantMatrix};
 
 const SHAPES: [(&str, usize, usize); 5] = [
     ("576x576", 576, 576),
@@ -45,6 +46,8 @@ fn activations(n: usize, cols: usize) -> Vec<f32> {
 
 struct Contenders {
     ours: QuantMatrix,
+    /// The same weights with 8-bit activations, where the format has such kernels.
+    ours_q8: Option<QuantMatrix>,
     candle: QMatMul,
     bytes: usize,
 }
@@ -52,9 +55,13 @@ struct Contenders {
 fn contenders(w: &Tensor, format: QuantFormat) -> Contenders {
     let q = QTensor::quantize(w, mtplx_model::kernels::ggml_dtype(format)).unwrap();
     let ours = mtplx_model::kernels::from_qtensor(&q).unwrap();
+    let ours_q8 = mtplx_model::kernels::from_qtensor_with(&q, Activations::Q8)
+        .ok()
+        .filter(|m| m.activations() == Activations::Q8);
     let bytes = q.storage_size_in_bytes();
     Contenders {
         ours,
+        ours_q8,
         candle: QMatMul::from_qtensor(q).unwrap(),
         bytes,
     }
@@ -157,6 +164,11 @@ fn per_shape(c: &mut Criterion) {
                 g.bench_function(BenchmarkId::new("mtplx", &f), |b| {
                     b.iter(|| k.ours.matmul(black_box(&x), n, &mut y))
                 });
+                if let Some(q8) = &k.ours_q8 {
+                    g.bench_function(BenchmarkId::new("mtplx_q8", &f), |b| {
+                        b.iter(|| q8.matmul(black_box(&x), n, &mut y))
+                    });
+                }
                 g.bench_function(BenchmarkId::new("candle_qmatmul", &f), |b| {
                     b.iter(|| k.candle.forward(black_box(&xt)).unwrap())
                 });

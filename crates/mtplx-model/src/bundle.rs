@@ -82,6 +82,26 @@ impl Bundle {
         assemble(path, model, tokenizer, None)
     }
 
+    /// The weight format a server gives `path` unless told otherwise: for a dense GGUF
+    /// file, [`WeightFormat::for_gguf`] of its `general.file_type` (8-bit activations for
+    /// K-quant files); [`WeightFormat::Native`] for a folder or a hybrid model (which runs on
+    /// `f32` activations only).
+    pub fn default_format(path: &Path) -> Result<WeightFormat> {
+        if path.is_dir() {
+            return Ok(WeightFormat::Native);
+        }
+        let src = GgufSource::open(path)?;
+        let content = src.content();
+        if hybrid::gguf::architecture(content).is_some() {
+            return Ok(WeightFormat::Native);
+        }
+        let file_type = match content.metadata.get("general.file_type") {
+            Some(v) => v.to_u32().ok(),
+            None => None,
+        };
+        Ok(WeightFormat::for_gguf(file_type))
+    }
+
     /// Whether `path` holds a hybrid (Qwen3-Next) model, from its metadata alone (a
     /// folder's `config.json` `model_type`, a GGUF file's `general.architecture`): no
     /// weight is read.

@@ -5,7 +5,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 
 pub use mtplx_kernels::{
-    Isa, Pool, QuantFormat, QuantMatrix, QuantMatrixError, DEFAULT_SPIN, TILE,
+    Activations, Isa, Pool, QuantFormat, QuantMatrix, QuantMatrixError, DEFAULT_SPIN, TILE,
 };
 
 /// The kernel format of a GGUF tensor type, if there is a kernel for it.
@@ -46,6 +46,15 @@ pub fn ggml_dtype(format: QuantFormat) -> GgmlDType {
 /// A 2-D GGUF tensor as candle loaded it (`[rows, cols]`) as a kernel matrix in its own
 /// blocks (`UnsupportedType` when its type has no kernel: the caller may dequantize it).
 pub fn from_qtensor(q: &QTensor) -> Result<QuantMatrix, QuantMatrixError> {
+    from_qtensor_with(q, Activations::F32)
+}
+
+/// [`from_qtensor`] for products with `activations` (see
+/// [`QuantMatrix::from_gguf_bytes_with`]).
+pub fn from_qtensor_with(
+    q: &QTensor,
+    activations: Activations,
+) -> Result<QuantMatrix, QuantMatrixError> {
     let format = format_of(q.dtype())
         .ok_or_else(|| QuantMatrixError::UnsupportedType(format!("{:?}", q.dtype())))?;
     let dims = q.shape().dims();
@@ -55,5 +64,5 @@ pub fn from_qtensor(q: &QTensor) -> Result<QuantMatrix, QuantMatrixError> {
     let bytes = q
         .data()
         .map_err(|e| QuantMatrixError::Source(e.to_string()))?;
-    QuantMatrix::from_gguf_bytes(format, &bytes, rows, cols)
+    QuantMatrix::from_gguf_bytes_with(format, &bytes, rows, cols, activations)
 }

@@ -239,10 +239,12 @@ impl Model {
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let embed_raw = take(TensorRole::Embed, 0, &[c.vocab_size, h])?;
         let embed = match (format, &embed_raw) {
-            (WeightFormat::Native, RawWeight::Quant(q)) => match crate::kernels::from_qtensor(q) {
-                Ok(m) => Embedding::Table(Arc::new(m)),
-                Err(_) => Embedding::Dense(embed_raw.to_dense()?),
-            },
+            (f, RawWeight::Quant(q)) if f.is_native() => {
+                match crate::kernels::from_qtensor_with(q, f.activations()) {
+                    Ok(m) => Embedding::Table(Arc::new(m)),
+                    Err(_) => Embedding::Dense(embed_raw.to_dense()?),
+                }
+            }
             _ => Embedding::Dense(embed_raw.to_dense()?),
         };
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -360,7 +362,7 @@ impl Model {
 
     /// Whether every product of a forward pass is batch-invariant, so that a row's logits do
     /// not depend on the rows computed with it (prefill chunk, verify block, decode step).
-    /// True for [`WeightFormat::Native`].
+    /// True for [`WeightFormat::Native`] and [`WeightFormat::NativeQ8`].
     pub fn is_batch_invariant(&self) -> bool {
         self.layers.iter().all(|l| {
             [&l.qkv, &l.o, &l.gate_up, &l.down]

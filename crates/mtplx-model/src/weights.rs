@@ -6,7 +6,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::kernels::{self, QuantFormat, QuantMatrix, QuantMatrixError};
+use crate::kernels::{self, Activations, QuantFormat, QuantMatrix, QuantMatrixError};
 
 /// How a model's projection weights are kept in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -17,6 +17,12 @@ pub enum WeightFormat {
     /// with it). The embedding is looked up from the same quantized table. The default.
     #[default]
     Native,
+    /// As [`WeightFormat::Native`], with the activations of the Q8_0, Q5_0, Q4_K and Q6_K
+    /// products rounded to 8 bits per block and multiplied with the weights' integers
+    /// exactly, as llama.cpp's CPU backend does (`mtplx_kernels::Activations::Q8`): still
+    /// batch-invariant, other numbers. What [`WeightFormat::for_gguf`] picks for K-quant
+    /// files.
+    NativeQ8,
     /// Dequantised to `f32` at load; products through candle's f32 GEMM. The exact path the
     /// golden tests pin token for token.
     F32,
@@ -29,9 +35,35 @@ impl WeightFormat {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "native" | "kernels" => Some(WeightFormat::Native),
+            "native-q8" => Some(WeightFormat::NativeQ8),
             "f32" => Some(WeightFormat::F32),
             "quantized" | "q" => Some(WeightFormat::Quantized),
             _ => None,
+        }
+    }
+
+    /// Whether mtplx's kernels run the products.
+    pub fn is_native(self) -> bool {
+        matches!(self, WeightFormat::Native | WeightFormat::NativeQ8)
+    }
+
+    /// The activations the kernels' products take in this format.
+    pub fn activations(self) -> Activations {
+        match self {
+            WeightFormat::NativeQ8 => Activations::Q8,
+            _ => Activations::F32,
+        }
+    }
+
+    /// The default for a GGUF file of this `general.file_type`: [`WeightFormat::NativeQ8`]
+    /// for llama.cpp's K-quant mixes (Q2_K to Q6_K: Q4_K_M and the like, whose users expect
+    /// its CPU backend's arithmetic and speed), [`WeightFormat::Native`] otherwise (the
+    /// legacy formats, dense weights, no file type) keep `f32` activations.
+    pub fn for_gguf(file_type: Option<u32>) -> Self {
+        // llama.cpp's LLAMA_FTYPE_MOSTLY_Q2_K (10) … Q6_K (18), and Q2_K_S (21).
+        match file_type {
+            Some(10..=18 | 21) => WeightFormat::NativeQ8,
+            _ => WeightFormat::Native,
         }
     }
 }
@@ -93,22 +125,24 @@ impl Linear {
             return Err(kernel_error(QuantMatrixError::Rank(dims)));
         };
         let kind = match (format, weight) {
-            (WeightFormat::Native, RawWeight::Quant(q)) => match kernels::from_qtensor(&q) {
-                Ok(m) => LinearKind::Kernel(Arc::new(m)),
-                // A type without a kernel: dequantize it once and run it as f32.
-                Err(QuantMatrixError::UnsupportedType(_)) => {
-                    let w = q
-                        .dequantize(&Device::Cpu)?
-                        .flatten_all()?
-                        .to_vec1::<f32>()?;
-                    LinearKind::Kernel(Arc::new(
-                        QuantMatrix::from_f32(&w, out_features, in_features)
-                            .map_err(kernel_error)?,
-                    ))
+            (f, RawWeight::Quant(q)) if f.is_native() => {
+                match kernels::from_qtensor_with(&q, f.activations()) {
+                    Ok(m) => LinearKind::Kernel(Arc::new(m)),
+                    // A type without a kernel: dequantize it once and run it as f32.
+                    Err(QuantMatrixError::UnsupportedType(_)) => {
+                        let w = q
+                            .dequantize(&Device::Cpu)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?;
+                        LinearKind::Kernel(Arc::new(
+                            QuantMatrix::from_f32(&w, out_features, in_features)
+                                .map_err(kernel_error)?,
+                        ))
+                    }
+                    Err(e) => return Err(kernel_error(e)),
                 }
-                Err(e) => return Err(kernel_error(e)),
-            },
-            (WeightFormat::Native, RawWeight::Dense(t)) => {
+            }
+            (f, RawWeight::Dense(t)) if f.is_native() => {
                 let w = t.flatten_all()?.to_vec1::<f32>()?;
                 LinearKind::Kernel(Arc::new(
                     QuantMatrix::from_f32(&w, out_features, in_features).map_err(kernel_error)?,

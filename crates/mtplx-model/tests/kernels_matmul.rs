@@ -22,15 +22,7 @@ fn check(format: QuantFormat, rows: usize, blocks: usize, n: usize, seed: u64, p
     let w = dequantize(&q);
 
     // The packed weights are candle's, bit for bit.
-    let mut row = vec![0f32; cols];
-    for o in 0..rows {
-        m.dequantize_row(o, &mut row);
-        assert_bits_eq(
-            &row,
-            &w[o * cols..(o + 1) * cols],
-            &format!("{format:?} row {o}"),
-        );
-    }
+    assert_rows_are(&m, &w, &format!("{format:?}"));
 
     let x = rng.vec(n * cols, -2.0, 2.0);
     let want = reference(&w, &x, n, rows, cols);

@@ -21,8 +21,13 @@ use crate::state::Settings;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Weights {
     /// Kept in the file's quantized blocks and run by mtplx's own batch-invariant kernels
-    /// (the default).
+    /// with `f32` activations (the default for files without K-quant tensors).
     Native,
+    /// As `native`, with the activations of Q8_0, Q5_0, Q4_K and Q6_K products rounded to
+    /// 8 bits per block, as llama.cpp's CPU backend does (the default for K-quant files:
+    /// Q4_K_M and the like).
+    #[value(name = "native-q8")]
+    NativeQ8,
     /// Dequantised to f32 at load.
     F32,
     /// Kept in the file's quantized blocks, run by candle's quantized matmul.
@@ -33,6 +38,7 @@ impl From<Weights> for WeightFormat {
     fn from(w: Weights) -> Self {
         match w {
             Weights::Native => WeightFormat::Native,
+            Weights::NativeQ8 => WeightFormat::NativeQ8,
             Weights::F32 => WeightFormat::F32,
             Weights::Quantized => WeightFormat::Quantized,
         }
@@ -166,8 +172,8 @@ pub struct Config {
     /// Context window in tokens [default: the model's].
     #[arg(long, env = "MTPLX_CONTEXT_WINDOW")]
     pub context_window: Option<usize>,
-    /// How weights are held in memory [default: the model crate's choice]. CPU only: a
-    /// device backend holds them its own way.
+    /// How weights are held in memory [default: `native-q8` for a GGUF file with K-quant
+    /// tensors, `native` otherwise]. CPU only: a device backend holds them its own way.
     #[arg(long, env = "MTPLX_WEIGHTS", value_enum)]
     pub weights: Option<Weights>,
     /// Where the model runs: `cpu` (mtplx's kernels), or an NVIDIA GPU, `cuda` (device 0)
@@ -429,8 +435,10 @@ impl Config {
         }
     }
 
-    pub fn weight_format(&self) -> WeightFormat {
-        self.weights.map(Into::into).unwrap_or_default()
+    /// The weight format `--weights` asks for; `None` leaves it to the file
+    /// ([`mtplx_model::Bundle::default_format`]).
+    pub fn weight_format(&self) -> Option<WeightFormat> {
+        self.weights.map(Into::into)
     }
 
     pub fn settings(&self) -> Settings {
@@ -598,11 +606,15 @@ pub(crate) mod tests {
             "--max-active-requests",
             "3",
         ]);
-        assert_eq!(c.weight_format(), WeightFormat::Quantized);
-        assert_eq!(parse(&[]).weight_format(), WeightFormat::Native);
+        assert_eq!(c.weight_format(), Some(WeightFormat::Quantized));
+        assert_eq!(parse(&[]).weight_format(), None);
         assert_eq!(
             parse(&["--weights", "native"]).weight_format(),
-            WeightFormat::Native
+            Some(WeightFormat::Native)
+        );
+        assert_eq!(
+            parse(&["--weights", "native-q8"]).weight_format(),
+            Some(WeightFormat::NativeQ8)
         );
         let s = c.settings();
         assert_eq!(s.context_window, Some(512));

@@ -79,7 +79,13 @@ pub async fn load(config: &Config, path: PathBuf) -> Result<(Bundle, Backend), S
     let (device, format) = (config.device, config.weight_format());
     let speculation = config.settings().speculation;
     tokio::task::spawn_blocking(move || match device {
-        Device::Cpu => Ok((Bundle::load(&path, format)?, Backend::Cpu)),
+        Device::Cpu => {
+            let format = match format {
+                Some(f) => f,
+                None => Bundle::default_format(&path)?,
+            };
+            Ok((Bundle::load(&path, format)?, Backend::Cpu))
+        }
         Device::Cuda(ordinal) => {
             let (bundle, model) = crate::gpu::load(&path, ordinal, &speculation)?;
             Ok((bundle, Backend::Device(model)))
@@ -94,13 +100,9 @@ pub async fn load(config: &Config, path: PathBuf) -> Result<(Bundle, Backend), S
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     config.check().map_err(ServeError::Config)?;
     let path = model_path(&config).await?;
-    let format = config.weight_format();
     let (bundle, backend) = load(&config, path.clone()).await?;
     let weight_bytes = bundle.model.weight_bytes();
-    let weights = match &backend {
-        Backend::Cpu => format!("{format:?}"),
-        Backend::Device(_) => bundle.model.numerics(),
-    };
+    let weights = bundle.model.numerics();
     let settings = config.settings();
     let state = AppState::with_backend(Arc::new(bundle), settings.clone(), backend)
         .map_err(io("engine thread"))?;

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::Device;
-use mtplx_model::kernels::QuantFormat;
+use mtplx_model::kernels::{QuantFormat, QuantMatrix};
 
 /// SplitMix64: deterministic, no dependencies.
 pub struct Rng(pub u64);
@@ -138,6 +138,21 @@ pub fn assert_bits_eq(got: &[f32], want: &[f32], what: &str) {
             want[i],
             got[i].to_bits(),
             want[i].to_bits()
+        );
+    }
+}
+
+/// Every row of `m` dequantizes to `w` (row-major), bit for bit: the packed weights are
+/// candle's.
+pub fn assert_rows_are(m: &QuantMatrix, w: &[f32], what: &str) {
+    let cols = m.cols();
+    let mut row = vec![0f32; cols];
+    for o in 0..m.rows() {
+        m.dequantize_row(o, &mut row);
+        assert_bits_eq(
+            &row,
+            &w[o * cols..(o + 1) * cols],
+            &format!("{what} row {o}"),
         );
     }
 }
