@@ -3,6 +3,7 @@
 SSE: the GPU machine has no `openai` package), the same GGUF file, both alone in turn.
 
 usage: gpu_server.py --mtplx BIN --model GGUF --work DIR [--llama BIN] [--out JSON]
+                     [--sizes W,W,...] [--rounds N] [--gen N] [--parts mtplx,returning,llama]
 
 1. Fresh prompts (`/v1/completions`, `ignore_eos`) of about 500, 4,000 and 7,500 tokens (a new prefix every round, so no
    prompt cache helps), temperature 0, 128 new tokens: TTFT, prefill tok/s (prompt tokens /
@@ -146,7 +147,11 @@ def main():
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--sizes", default="380,3000,5600", help="words of the fresh prompts")
     ap.add_argument("--device", default="cuda", help="mtplx's --device (cpu to try the script)")
+    ap.add_argument("--parts", default="mtplx,returning,llama",
+                    help="which parts run (llama also needs --llama): a slow model's parts can "
+                         "go in separate calls")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     os.makedirs(args.work, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     result = {"model": os.path.basename(args.model), "contexts": [], "returning": {}}
@@ -159,15 +164,36 @@ def main():
                              "--request-log-jsonl", os.path.join(args.work, f"{name}.jsonl")] + extra_args,
                       args.work, {"MTPLX_HOME": home})
 
-    s = mtplx("mtplx", ["--ssd-session-cache", "off"])
-    result["startup"] = open(s.out_path).read().splitlines()[0]
-    result["contexts"] += contexts(s, "mtplx ar", {"generation_mode": "ar"}, args.rounds, args.gen, sizes, 1)
-    result["contexts"] += contexts(s, "mtplx mtp", {}, args.rounds, args.gen, sizes, 2)
-    s.stop()
+    if "mtplx" in parts:
+        s = mtplx("mtplx", ["--ssd-session-cache", "off"])
+        result["startup"] = open(s.out_path).read().splitlines()[0]
+        result["contexts"] += contexts(s, "mtplx ar", {"generation_mode": "ar"}, args.rounds, args.gen, sizes, 1)
+        result["contexts"] += contexts(s, "mtplx mtp", {}, args.rounds, args.gen, sizes, 2)
+        s.stop()
 
     # The returning conversation.
     system = "You are a coding agent. " + text(sizes[-1], 99)
     q1 = [{"role": "system", "content": system}, {"role": "user", "content": "What failed first?"}]
+    # The second turn llama.cpp re-prefills: mtplx's, or a fixed one without that part.
+    q2 = q1 + [{"role": "assistant", "content": "The build."}, {"role": "user", "content": "And then?"}]
+    if "returning" in parts:
+        q2 = returning(args, mtplx, q1, result)
+    if args.llama and "llama" in parts:
+        s = Server("llama", [args.llama, "-m", args.model, "-ngl", "99", "-c", "8192", "-np", "1",
+                             "--port", "18123", "--host", "127.0.0.1"], args.work)
+        result["contexts"] += contexts(s, "llama.cpp", {"cache_prompt": False}, args.rounds, args.gen, sizes, 3)
+        r = chat(s, q2, 32, {"cache_prompt": False})
+        result["returning"]["llama_reprefill_ttft_s"] = r["ttft_s"]
+        s.stop()
+    out = json.dumps(result, indent=1)
+    print(out)
+    if args.out:
+        open(args.out, "w").write(out)
+
+
+def returning(args, mtplx, q1, result):
+    """Turn 1, eviction to the SSD tier, SIGKILL, restart, turn 2 restored; against turn 2
+    re-prefilled with the tier off."""
     s = mtplx("one", ["--session-bank-max-entries", "1", "--ssd-session-cache-idle-write-s", "0"])
     t1 = chat(s, q1, 32, headers={"x-session-id": "agent"})
     q2 = q1 + [{"role": "assistant", "content": t1["text"]}, {"role": "user", "content": "And then?"}]
@@ -192,18 +218,7 @@ def main():
                                        "restore_s", "ttft_s")} for l in log],
     }
     print(json.dumps(result["returning"]), flush=True)
-
-    if args.llama:
-        s = Server("llama", [args.llama, "-m", args.model, "-ngl", "99", "-c", "8192", "-np", "1",
-                             "--port", "18123", "--host", "127.0.0.1"], args.work)
-        result["contexts"] += contexts(s, "llama.cpp", {"cache_prompt": False}, args.rounds, args.gen, sizes, 3)
-        r = chat(s, q2, 32, {"cache_prompt": False})
-        result["returning"]["llama_reprefill_ttft_s"] = r["ttft_s"]
-        s.stop()
-    out = json.dumps(result, indent=1)
-    print(out)
-    if args.out:
-        open(args.out, "w").write(out)
+    return q2
 
 
 if __name__ == "__main__":
