@@ -2,7 +2,9 @@
 //!
 //! - `fetch-model`: fetch and verify the default model into the store.
 //! - `test`: fetch the model, then run the whole test suite (what CI runs).
-//! - `bench`: run the criterion benches and print the figures side by side, then the peer
+//! - `bench`: an agent session replayed against real servers, mtplx beside its re-prefill
+//!   baseline and llama.cpp's server, one client, one run; report and plots under
+//!   `target/bench/` (`bench/`). `bench --criterion`: the criterion benches, then the peer
 //!   step (`peer.rs`): llama.cpp's llama-bench on the same file and threads. `peer` runs
 //!   the peer step alone; `peer --server` compares the two servers through one client
 //!   (`peer_server.rs`).
@@ -21,6 +23,7 @@ use clap::{Parser, Subcommand};
 use mtplx_model::store::QWEN_CODER_05B_Q4_K_M;
 use run::{cargo, fetch_known, fetch_model};
 
+mod bench;
 mod cold_bench;
 mod make_hybrid;
 mod make_shaped;
@@ -64,12 +67,10 @@ enum Task {
     /// The tidy checks (dependency allow-lists, file sizes, module docs, the hasher, import
     /// cycles): prints every violation.
     Tidy,
-    /// Run the criterion benchmarks (the default model on 2 threads), then the peer step.
-    Bench {
-        /// Extra arguments passed to `cargo bench`.
-        #[arg(trailing_var_arg = true)]
-        args: Vec<String>,
-    },
+    /// An agent session replayed against the servers (mtplx, its re-prefill baseline,
+    /// llama.cpp's server), one client, one run: target/bench/report.md with its plots.
+    /// `--criterion` runs the criterion suites and llama-bench instead.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -127,7 +128,14 @@ fn main() -> Result<()> {
                 &env,
             )?;
         }
-        Task::Bench { args } => {
+        Task::Bench(args) if !args.criterion => {
+            let model = match &args.model {
+                Some(m) => m.clone(),
+                None => fetch_model()?,
+            };
+            bench::run(&args, &model)?
+        }
+        Task::Bench(bench::BenchArgs { args, .. }) => {
             let model = fetch_model()?;
             let env = [
                 ("MTPLX_TEST_MODEL", model.display().to_string()),

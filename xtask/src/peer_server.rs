@@ -275,7 +275,7 @@ fn build_serve() -> Result<PathBuf> {
 }
 
 /// The client's one dependency, the `openai` SDK, installed for this user if missing.
-fn ensure_openai() -> Result<()> {
+pub(crate) fn ensure_openai() -> Result<()> {
     let has = |py: &Path| {
         Command::new(py)
             .args(["-c", "import openai"])
