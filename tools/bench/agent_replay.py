@@ -454,18 +454,34 @@ def part_decoding(args, sc, port):
     return out
 
 
+def has_amx():
+    try:
+        return "amx_int8" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
 def part_peer(args, sc, port):
     work = os.path.join(args.work, "llama")
     os.makedirs(work, exist_ok=True)
+    notes = []
+    extra = []
+    if has_amx():
+        # ggml's AMX matmul (chosen on AMX machines through the extra buffer types, with weight
+        # repacking) segfaults at the first decode on this project's AMX VMs; --no-repack turns
+        # both off. On x86 ggml repacks only Q4_0, Q4_K and IQ4_NL, so a Q4_1 / Q8_0 file
+        # (the default model) loses nothing else by it.
+        extra = ["--no-repack"]
+        notes.append("--no-repack: ggml's AMX path segfaults on this machine")
     cmd = [args.llama, "-m", args.model, "--port", str(port), "-t", str(args.threads), "-c", str(args.window),
-           "-np", "1", *args.llama_args.split()]
+           "-np", "1", *extra, *args.llama_args.split()]
     s = Server("llama", cmd, dict(os.environ), port, work)
     s.start()
     try:
         rows = replay(s, sc, args, "llama", extra={"cache_prompt": True}, is_mtplx=False)
     finally:
         s.stop()
-    return {"turns": rows, "rss": s.rss, "command": cmd}
+    return {"turns": rows, "rss": s.rss, "command": cmd, "notes": notes}
 
 
 def main():
@@ -485,6 +501,8 @@ def main():
     ap.add_argument("--parts", default="replay,reprefill,decoding,peer")
     ap.add_argument("--mtplx-args", default="")
     ap.add_argument("--llama-args", default="")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the parts of an existing --out of the same scenario that --parts does not name")
     args = ap.parse_args()
     parts = args.parts.split(",")
     os.makedirs(args.work, exist_ok=True)
@@ -492,21 +510,37 @@ def main():
     log(f"scenario: {len(sc['steps'])} turns over 2 sessions, tool results from {sc['source_files']} files "
         f"under {sc['source_root']}")
     result = {"args": vars(args), "scenario": sc, "started": time.time()}
+    if args.keep and os.path.exists(args.out):
+        old = json.load(open(args.out))
+        if old.get("scenario") != sc:
+            raise SystemExit(f"--keep: {args.out} holds another scenario; run every part")
+        for k in ("replay", "reprefill", "decoding", "peer"):
+            if k in old and k not in parts:
+                result[k] = old[k]
+                log(f"kept the {k} part of {args.out}")
+
+    def save():
+        # After every part, so that a later part's failure loses nothing measured.
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
     if "replay" in parts:
         log("part 1/4: the replay (bank capped, SSD tier on, SIGKILL mid-way), twice")
         result["replay"] = part_replay(args, sc, args.port)
+        save()
     if "reprefill" in parts:
         log("part 2/4: the same replay with the session cache off (re-prefill)")
         result["reprefill"] = part_reprefill(args, sc, args.port + 1)
+        save()
     if "decoding" in parts:
         log("part 3/4: decoding, plain vs proposers vs the default policy")
         result["decoding"] = part_decoding(args, sc, args.port + 2)
+        save()
     if "peer" in parts and args.llama:
         log("part 4/4: llama.cpp's server, prompt cache on, the same replay")
         result["peer"] = part_peer(args, sc, args.port + 3)
     result["finished"] = time.time()
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save()
     log(f"results: {args.out}")
 
 

@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// Leave llama.cpp's server out.
     #[arg(long)]
     pub no_peer: bool,
+    /// Run only these parts (replay, reprefill, decoding, peer), keeping the others from
+    /// target/bench/results.json when it holds the same scenario.
+    #[arg(long, value_delimiter = ',')]
+    pub parts: Vec<String>,
     /// Copy the report and plots to docs/bench/cpu.md and docs/bench/cpu/.
     #[arg(long)]
     pub publish: bool,
@@ -105,14 +109,19 @@ pub fn run(args: &BenchArgs, model: &Path) -> Result<()> {
     if args.quick {
         cmd.arg("--quick");
     }
+    let mut parts = if args.parts.is_empty() {
+        vec!["replay", "reprefill", "decoding", "peer"]
+    } else {
+        cmd.arg("--keep");
+        args.parts.iter().map(String::as_str).collect()
+    };
     match &llama {
         Some(l) => {
             cmd.arg("--llama").arg(l);
         }
-        None => {
-            cmd.args(["--parts", "replay,reprefill,decoding"]);
-        }
+        None => parts.retain(|p| *p != "peer"),
     }
+    cmd.args(["--parts", &parts.join(",")]);
     run_cmd(&mut cmd, "the agent replay (tools/bench/agent_replay.py)")?;
 
     let text = std::fs::read_to_string(&results_path)

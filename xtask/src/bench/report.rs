@@ -128,6 +128,9 @@ pub struct Results {
     /// Decoding configuration → its turns (same steps in each).
     pub decoding: BTreeMap<String, Vec<Turn>>,
     pub steps: usize,
+    /// llama.cpp's server command line, and why it differs from the defaults where it does.
+    pub peer_command: Vec<String>,
+    pub peer_notes: Vec<String>,
     pub args: Value,
     pub source: String,
 }
@@ -171,7 +174,20 @@ impl Results {
                 ))
             })
             .unwrap_or_default();
+        let strings = |k: &str| -> Vec<String> {
+            v.get("peer")
+                .and_then(|p| p.get(k))
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
         Ok(Results {
+            peer_command: strings("command"),
+            peer_notes: strings("notes"),
             replay,
             kill_before,
             reprefill: opt_run("reprefill")?,
@@ -510,6 +526,20 @@ pub fn markdown(r: &Results, checks: &[Check], cx: &Header) -> String {
             opt(peer, 3),
             ratio(peer, m)
         );
+        if !r.peer_command.is_empty() {
+            // The binary's and the model's folders say nothing: keep the file names.
+            let shown: Vec<&str> = r
+                .peer_command
+                .iter()
+                .map(|a| a.rsplit('/').next().unwrap_or(a))
+                .collect();
+            let _ = write!(s, "\nllama.cpp ran as `{}`", shown.join(" "));
+            if r.peer_notes.is_empty() {
+                s.push_str(".\n");
+            } else {
+                let _ = writeln!(s, " ({}).", r.peer_notes.join("; "));
+            }
+        }
         if let Some(k) = r.kill_before {
             let at = |run: Option<&Run>| {
                 run.and_then(|x| x.turns.iter().find(|t| t.step == k))
