@@ -238,10 +238,14 @@ fn commit() -> String {
                 .args(["rev-parse", "--short", "HEAD"]),
         )
         .unwrap_or_else(|| "unknown".into());
+    // Prose (the Markdown files) changes no figure: only other files make the tree dirty.
     let dirty = output(Command::new("git").arg("-C").arg(&root).args([
         "status",
         "--porcelain",
         "--untracked-files=no",
+        "--",
+        ".",
+        ":(exclude)*.md",
     ]))
     .is_some_and(|s| !s.is_empty());
     if dirty {
