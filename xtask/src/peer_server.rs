@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use mtplx_kv::KvDtype;
 use serde_json::{json, Value};
 
@@ -46,7 +46,7 @@ impl Row {
 /// Runs the comparison on `files`: both servers, then the engine, per file.
 pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
     let llama = ensure_llama("llama-server")?;
-    let serve = build_serve()?;
+    let serve = crate::run::build_serve(true, &[])?;
     ensure_openai()?;
     let script = workspace_root().join("tools/bench/peer_server.py");
     let mut sections = Vec::new();
@@ -216,15 +216,7 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
     };
     let date = out(Command::new("date").args(["-u", "+%F %H:%M UTC"]));
     let commit = out(Command::new("git").args(["describe", "--always", "--dirty"]));
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = crate::run::cpu_model().unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
     format!(
@@ -255,23 +247,6 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
         report_name(args.kv_dtype),
         sections.join("\n"),
     )
-}
-
-/// `mtplx-serve` built in release; its path.
-fn build_serve() -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run_cmd(
-        Command::new(cargo).args(["build", "--release", "--quiet", "-p", "mtplx-serve"]),
-        "building mtplx-serve in release",
-    )?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("release/mtplx-serve");
-    if !bin.exists() {
-        bail!("the build finished but {} is missing", bin.display());
-    }
-    Ok(bin)
 }
 
 /// The client's one dependency, the `openai` SDK, installed for this user if missing.

@@ -21,10 +21,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::peer::{ensure_llama, run_cmd, workspace_root};
+use crate::run::{build_serve, cpu_model};
 
 pub mod plot;
 pub mod report;
@@ -82,7 +83,14 @@ pub fn run(args: &BenchArgs, model: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(&work)?;
     eprintln!("[bench] building mtplx-serve");
-    let serve = build_serve(args.quick)?;
+    // Release for a measured run; for `--quick`, the dev profile and the `cuda` feature
+    // `cargo xtask test` builds with (optimised too, with overflow checks), so that CI
+    // reuses the test build's crates.
+    let serve = if args.quick {
+        build_serve(false, &["cuda"])?
+    } else {
+        build_serve(true, &[])?
+    };
     let llama = if args.quick || args.no_peer {
         None
     } else {
@@ -192,31 +200,6 @@ fn publish(out: &Path, md: &str) -> Result<()> {
     Ok(())
 }
 
-/// The server binary: release for a measured run; for `--quick`, the dev profile and the
-/// `cuda` feature `cargo xtask test` builds with (optimised too, with overflow checks), so
-/// that CI reuses the test build's crates.
-fn build_serve(quick: bool) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "mtplx-serve"]);
-    if quick {
-        cmd.args(["--features", "cuda"]);
-    } else {
-        cmd.arg("--release");
-    }
-    run_cmd(&mut cmd, "building mtplx-serve")?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target
-        .join(if quick { "debug" } else { "release" })
-        .join("mtplx-serve");
-    if !bin.exists() {
-        bail!("the build finished but {} is missing", bin.display());
-    }
-    Ok(bin)
-}
-
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
     out.status
@@ -257,15 +240,7 @@ fn commit() -> String {
 
 /// The processor, its cores and the memory, from /proc.
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "an unknown CPU".into());
+    let cpu = cpu_model().unwrap_or_else(|| "an unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Once;
 
 use anyhow::{anyhow, Result};
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -165,47 +166,61 @@ fn lines(
         .x_label_area_size(48)
         .y_label_area_size(72);
     if log_y {
-        let mut chart = builder
-            .build_cartesian_2d(x_min..x_max, ((y_min * 0.8).max(1e-3)..y_max).log_scale())
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .label_style(("sans-serif", 15))
-            .draw()
-            .map_err(err)?;
-        draw(&mut chart, series, marks)?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        let y = ((y_min * 0.8).max(1e-3)..y_max).log_scale();
+        let mut chart = builder.build_cartesian_2d(x_min..x_max, y).map_err(err)?;
+        fill(
+            &mut chart,
+            (x_desc, y_desc),
+            series,
+            marks,
+            SeriesLabelPosition::UpperLeft,
+        )?;
     } else {
         let mut chart = builder
             .build_cartesian_2d(x_min..x_max, 0.0..y_max)
             .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .label_style(("sans-serif", 15))
-            .draw()
-            .map_err(err)?;
-        draw(&mut chart, series, marks)?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font(("sans-serif", 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        fill(
+            &mut chart,
+            (x_desc, y_desc),
+            series,
+            marks,
+            SeriesLabelPosition::LowerRight,
+        )?;
     }
     root.present().map_err(err)?;
+    Ok(())
+}
+
+/// The mesh with its axis names, the series and marks, and the legend at `legend`: the same
+/// on a linear and a logarithmic y axis.
+fn fill<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    marks: &[Series],
+    legend: SeriesLabelPosition,
+) -> Result<()>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(err)?;
+    draw(chart, series, marks)?;
+    chart
+        .configure_series_labels()
+        .position(legend)
+        .label_font(("sans-serif", 16))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
     Ok(())
 }
 
