@@ -5,7 +5,7 @@
 mod kernels_common;
 
 use kernels_common::*;
-use mtplx_model::kernels::{Isa, Pool, QuantFormat, QuantMatrix};
+use mtplx_model::kernels::{Pool, QuantFormat, QuantMatrix};
 use proptest::prelude::*;
 
 fn format() -> impl Strategy<Value = QuantFormat> {
@@ -26,15 +26,7 @@ fn check(format: QuantFormat, rows: usize, blocks: usize, n: usize, seed: u64, p
 
     let x = rng.vec(n * cols, -2.0, 2.0);
     let want = reference(&w, &x, n, rows, cols);
-    for isa in Isa::available() {
-        let mut y = vec![f32::NAN; n * rows];
-        m.matmul_with(pool, isa, &x, n, &mut y);
-        assert_bits_eq(
-            &y,
-            &want,
-            &format!("{format:?} {rows}×{cols} n={n} on {isa:?}"),
-        );
-    }
+    assert_every_isa_gives(&m, pool, &x, n, &want);
     for (i, (y, (exact, bound))) in want
         .iter()
         .zip(reference_f64(&w, &x, n, rows, cols))

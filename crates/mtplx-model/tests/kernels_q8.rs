@@ -169,15 +169,7 @@ fn check(format: QuantFormat, rows: usize, blocks: usize, n: usize, seed: u64, p
         x[cols / 2] = 300.0;
     }
     let want = reference(format, &bytes, &x, n, rows, cols);
-    for isa in Isa::available() {
-        let mut y = vec![f32::NAN; n * rows];
-        m.matmul_with(pool, isa, &x, n, &mut y);
-        assert_bits_eq(
-            &y,
-            &want,
-            &format!("{format:?} {rows}×{cols} n={n} on {isa:?}"),
-        );
-    }
+    assert_every_isa_gives(&m, pool, &x, n, &want);
 
     // Within the rounding's bound of the exact product: each input moves by at most half a
     // step (d_x / 2, d_x ≤ amax (1 + 2⁻¹¹) / 127), plus the f32 steps.

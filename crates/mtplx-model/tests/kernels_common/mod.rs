@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::Device;
-use mtplx_model::kernels::{QuantFormat, QuantMatrix};
+use mtplx_model::kernels::{Isa, Pool, QuantFormat, QuantMatrix};
 
 /// SplitMix64: deterministic, no dependencies.
 pub struct Rng(pub u64);
@@ -153,6 +153,20 @@ pub fn assert_rows_are(m: &QuantMatrix, w: &[f32], what: &str) {
             &row,
             &w[o * cols..(o + 1) * cols],
             &format!("{what} row {o}"),
+        );
+    }
+}
+
+/// `m × x` (`n` rows of `x`) on every instruction set this CPU has equals `want`, bit for bit.
+pub fn assert_every_isa_gives(m: &QuantMatrix, pool: &Pool, x: &[f32], n: usize, want: &[f32]) {
+    let (rows, cols) = (m.rows(), m.cols());
+    for isa in Isa::available() {
+        let mut y = vec![f32::NAN; n * rows];
+        m.matmul_with(pool, isa, x, n, &mut y);
+        assert_bits_eq(
+            &y,
+            want,
+            &format!("{:?} {rows}×{cols} n={n} on {isa:?}", m.format()),
         );
     }
 }
