@@ -3,7 +3,8 @@
 SSE: the GPU machine has no `openai` package), the same GGUF file, both alone in turn.
 
 usage: gpu_server.py --mtplx BIN --model GGUF --work DIR [--llama BIN] [--out JSON]
-                     [--sizes W,W,...] [--rounds N] [--gen N] [--parts mtplx,returning,llama]
+                     [--sizes W,W,...] [--rounds N] [--gen N] [--modes ar,mtp]
+                     [--parts mtplx,returning,llama]
 
 1. Fresh prompts (`/v1/completions`, `ignore_eos`) of about 500, 4,000 and 7,500 tokens (a new prefix every round, so no
    prompt cache helps), temperature 0, 128 new tokens: TTFT, prefill tok/s (prompt tokens /
@@ -131,7 +132,8 @@ def contexts(server, label, extra, rounds, gen, sizes, seed):
         rows.append({"server": label, "words": words, "prompt_tokens": runs[0]["prompt_tokens"],
                      "ttft_s": med("ttft_s"), "prefill_tok_s": med("prefill_tok_s"),
                      "decode_tok_s": med("decode_tok_s"),
-                     "completion_tokens": [x["completion_tokens"] for x in runs]})
+                     "completion_tokens": [x["completion_tokens"] for x in runs],
+                     "texts": [x["text"] for x in runs]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -147,6 +149,8 @@ def main():
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--sizes", default="380,3000,5600", help="words of the fresh prompts")
     ap.add_argument("--device", default="cuda", help="mtplx's --device (cpu to try the script)")
+    ap.add_argument("--modes", default="ar,mtp",
+                    help="mtplx's decoding in the mtplx part: plain (ar), its default speculation (mtp)")
     ap.add_argument("--parts", default="mtplx,returning,llama",
                     help="which parts run (llama also needs --llama): a slow model's parts can "
                          "go in separate calls")
@@ -167,8 +171,11 @@ def main():
     if "mtplx" in parts:
         s = mtplx("mtplx", ["--ssd-session-cache", "off"])
         result["startup"] = open(s.out_path).read().splitlines()[0]
-        result["contexts"] += contexts(s, "mtplx ar", {"generation_mode": "ar"}, args.rounds, args.gen, sizes, 1)
-        result["contexts"] += contexts(s, "mtplx mtp", {}, args.rounds, args.gen, sizes, 2)
+        modes = args.modes.split(",")
+        if "ar" in modes:
+            result["contexts"] += contexts(s, "mtplx ar", {"generation_mode": "ar"}, args.rounds, args.gen, sizes, 1)
+        if "mtp" in modes:
+            result["contexts"] += contexts(s, "mtplx mtp", {}, args.rounds, args.gen, sizes, 2)
         s.stop()
 
     # The returning conversation.

@@ -78,27 +78,57 @@ __device__ __forceinline__ float half_bits(unsigned short h) {
     return f;
 }
 
-__device__ __forceinline__ float half_at(const u8* p) {
-    return half_bits((unsigned short)p[0] | ((unsigned short)p[1] << 8));
+// Loads. A warp's loads are what a matvec is bound by, so every format is read in 32-bit
+// words or wider (byte loads take one instruction a byte): 16-byte vectors where its blocks
+// keep that alignment, else aligned words shifted into place. A weight part is uploaded
+// with 16 bytes of padding after its last row (`DeviceMatrix::from_parts`), so the aligned
+// word after a block's last byte is always inside the allocation.
+
+// The N 32-bit little-endian words of the 4N bytes from p (p 2-byte aligned): N + 1
+// aligned words, funnel-shifted into place.
+template <int N>
+__device__ __forceinline__ void words_at(const u8* p, unsigned* out) {
+    unsigned long long at = reinterpret_cast<unsigned long long>(p);
+    const unsigned* a = reinterpret_cast<const unsigned*>(at & ~3ull);
+    unsigned shift = (unsigned)(at & 3ull) * 8u;
+    unsigned raw[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) raw[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; i++) out[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
 }
 
-__device__ __forceinline__ unsigned u32_at(const u8* p) {
-    return (unsigned)p[0] | ((unsigned)p[1] << 8) | ((unsigned)p[2] << 16) | ((unsigned)p[3] << 24);
+// The 8 words of the 32 bytes from p (16-byte aligned).
+__device__ __forceinline__ void words32_aligned(const u8* p, unsigned* out) {
+    const uint4* v = reinterpret_cast<const uint4*>(p);
+    uint4 a = v[0], b = v[1];
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
-// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K / Q5_K block.
-__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* d, int* m) {
+// Byte j of the words w.
+__device__ __forceinline__ unsigned byte_of(const unsigned* w, int j) {
+    return (w[j >> 2] >> (8 * (j & 3))) & 0xFFu;
+}
+
+__device__ __forceinline__ unsigned short u16_at(const u8* p) {
+    return *reinterpret_cast<const unsigned short*>(p);
+}
+
+// ggml's get_scale_min_k4 on the 12 scale bytes held in words sc.
+__device__ __forceinline__ void scale_min_k4w(int j, const unsigned* sc, int* d, int* m) {
     if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
+        *d = (int)(byte_of(sc, j) & 63);
+        *m = (int)(byte_of(sc, j + 4) & 63);
     } else {
-        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        *d = (int)((byte_of(sc, j + 4) & 0xF) | ((byte_of(sc, j - 4) >> 6) << 4));
+        *m = (int)((byte_of(sc, j + 4) >> 4) | ((byte_of(sc, j) >> 6) << 4));
     }
 }
 
-// Values 32c .. 32c + 31 of a row stored at `row` in format `fmt`, into w.
-__device__ __forceinline__ void chunk_values(int fmt, const u8* row, int c, float* w) {
+// Values 32c .. 32c + 31 of a row stored at `row` in format `fmt`, into w, each dequantized
+// as ggml's dequantize_row_* computes it.
+__device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row, int c, float* w) {
     switch (fmt) {
     case FMT_F32: {
         const float4* p = reinterpret_cast<const float4*>(row) + 8 * c;
@@ -109,26 +139,36 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* row, int c, floa
         }
         break;
     }
-    case FMT_F16: {
-        const unsigned short* p = reinterpret_cast<const unsigned short*>(row) + 32 * c;
-#pragma unroll
-        for (int i = 0; i < 32; i++) w[i] = half_bits(p[i]);
-        break;
-    }
+    case FMT_F16:
     case FMT_BF16: {
-        const unsigned short* p = reinterpret_cast<const unsigned short*>(row) + 32 * c;
+        // 64 bytes: rows are whole chunks, so 16-byte aligned.
+        unsigned h[16];
+        words32_aligned(row + 64 * c, h);
+        words32_aligned(row + 64 * c + 32, h + 8);
 #pragma unroll
-        for (int i = 0; i < 32; i++) w[i] = __uint_as_float((unsigned)p[i] << 16);
+        for (int i = 0; i < 16; i++) {
+            unsigned lo = h[i] & 0xFFFFu, hi = h[i] >> 16;
+            if (fmt == FMT_F16) {
+                w[2 * i] = half_bits((unsigned short)lo);
+                w[2 * i + 1] = half_bits((unsigned short)hi);
+            } else {
+                w[2 * i] = __uint_as_float(lo << 16);
+                w[2 * i + 1] = __uint_as_float(hi << 16);
+            }
+        }
         break;
     }
     case FMT_Q4_0: {
+        // 18-byte blocks: d, then 16 bytes of nibbles (2-byte aligned).
         const u8* b = row + 18 * c;
-        float d = half_at(b);
-        const u8* qs = b + 2;
+        float d = half_bits(u16_at(b));
+        unsigned q[4];
+        words_at<4>(b + 2, q);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            w[j] = (float)((int)(qs[j] & 0xF) - 8) * d;
-            w[j + 16] = (float)((int)(qs[j] >> 4) - 8) * d;
+            unsigned x = byte_of(q, j);
+            w[j] = (float)((int)(x & 0xF) - 8) * d;
+            w[j + 16] = (float)((int)(x >> 4) - 8) * d;
         }
         break;
     }
@@ -150,90 +190,107 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* row, int c, floa
         break;
     }
     case FMT_Q5_0: {
+        // 22-byte blocks: d, qh (4 bytes), qs (16 bytes), 2-byte aligned.
         const u8* b = row + 22 * c;
-        float d = half_at(b);
-        unsigned qh = u32_at(b + 2);
-        const u8* qs = b + 6;
+        float d = half_bits(u16_at(b));
+        unsigned v[5];
+        words_at<5>(b + 2, v);
+        unsigned qh = v[0];
+        const unsigned* qs = v + 1;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            int x0 = (qs[j] & 0xF) | (((qh >> j) << 4) & 0x10);
-            int x1 = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            unsigned x = byte_of(qs, j);
+            int x0 = (int)((x & 0xF) | (((qh >> j) << 4) & 0x10));
+            int x1 = (int)((x >> 4) | ((qh >> (j + 12)) & 0x10));
             w[j] = (float)(x0 - 16) * d;
             w[j + 16] = (float)(x1 - 16) * d;
         }
         break;
     }
     case FMT_Q5_1: {
-        const u8* b = row + 24 * c;
-        float d = half_at(b), m = half_at(b + 2);
-        unsigned qh = u32_at(b + 4);
-        const u8* qs = b + 8;
+        // 24-byte blocks: d, m, qh, qs, all 4-byte aligned.
+        const unsigned* b = reinterpret_cast<const unsigned*>(row + 24 * c);
+        unsigned dm = b[0], qh = b[1];
+        unsigned qs[4] = {b[2], b[3], b[4], b[5]};
+        float d = half_bits((unsigned short)(dm & 0xFFFF)), m = half_bits((unsigned short)(dm >> 16));
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            int x0 = (qs[j] & 0xF) | (((qh >> j) << 4) & 0x10);
-            int x1 = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            unsigned x = byte_of(qs, j);
+            int x0 = (int)((x & 0xF) | (((qh >> j) << 4) & 0x10));
+            int x1 = (int)((x >> 4) | ((qh >> (j + 12)) & 0x10));
             w[j] = (float)x0 * d + m;
             w[j + 16] = (float)x1 * d + m;
         }
         break;
     }
     case FMT_Q8_0: {
-        // 34-byte blocks: 2-byte aligned, so seventeen 16-bit loads.
-        const unsigned short* b = reinterpret_cast<const unsigned short*>(row + 34 * c);
-        float d = half_bits(b[0]);
+        // 34-byte blocks: d, then 32 signed bytes (2-byte aligned).
+        const u8* b = row + 34 * c;
+        float d = half_bits(u16_at(b));
+        unsigned q[8];
+        words_at<8>(b + 2, q);
 #pragma unroll
-        for (int k = 0; k < 16; k++) {
-            unsigned short q = b[1 + k];
-            w[2 * k] = (float)(signed char)(q & 0xFF) * d;
-            w[2 * k + 1] = (float)(signed char)(q >> 8) * d;
-        }
+        for (int j = 0; j < 32; j++) w[j] = (float)(signed char)byte_of(q, j) * d;
         break;
     }
     case FMT_Q4K: {
-        // 144 bytes per 256 values: d, dmin, scales[12], qs[128]; sub-block s of 32.
+        // 144 bytes per 256 values: d, dmin, scales[12], qs[128]; sub-block s of 32. Rows
+        // are whole blocks, so blocks are 16-byte aligned.
         const u8* b = row + 144 * (c >> 3);
         int s = c & 7;
-        float d = half_at(b), dmin = half_at(b + 2);
-        int sc, m;
-        scale_min_k4(s, b + 4, &sc, &m);
-        float d1 = d * (float)sc, m1 = dmin * (float)m;
-        const u8* q = b + 16 + 32 * (s >> 1);
+        const unsigned* hdr = reinterpret_cast<const unsigned*>(b);
+        unsigned dm = hdr[0];
+        unsigned sc[3] = {hdr[1], hdr[2], hdr[3]};
+        float d = half_bits((unsigned short)(dm & 0xFFFF)), dmin = half_bits((unsigned short)(dm >> 16));
+        int scv, mv;
+        scale_min_k4w(s, sc, &scv, &mv);
+        float d1 = d * (float)scv, m1 = dmin * (float)mv;
+        unsigned q[8];
+        words32_aligned(b + 16 + 32 * (s >> 1), q);
         int shift = (s & 1) * 4;
 #pragma unroll
-        for (int l = 0; l < 32; l++) w[l] = d1 * (float)((q[l] >> shift) & 0xF) - m1;
+        for (int l = 0; l < 32; l++) w[l] = d1 * (float)((byte_of(q, l) >> shift) & 0xF) - m1;
         break;
     }
     case FMT_Q5K: {
-        // 176 bytes per 256 values: d, dmin, scales[12], qh[32], qs[128].
+        // 176 bytes per 256 values: d, dmin, scales[12], qh[32], qs[128]; 16-byte aligned.
         const u8* b = row + 176 * (c >> 3);
         int s = c & 7;
-        float d = half_at(b), dmin = half_at(b + 2);
-        int sc, m;
-        scale_min_k4(s, b + 4, &sc, &m);
-        float d1 = d * (float)sc, m1 = dmin * (float)m;
-        const u8* qh = b + 16;
-        const u8* ql = b + 48 + 32 * (s >> 1);
+        const unsigned* hdr = reinterpret_cast<const unsigned*>(b);
+        unsigned dm = hdr[0];
+        unsigned sc[3] = {hdr[1], hdr[2], hdr[3]};
+        float d = half_bits((unsigned short)(dm & 0xFFFF)), dmin = half_bits((unsigned short)(dm >> 16));
+        int scv, mv;
+        scale_min_k4w(s, sc, &scv, &mv);
+        float d1 = d * (float)scv, m1 = dmin * (float)mv;
+        unsigned qh[8], ql[8];
+        words32_aligned(b + 16, qh);
+        words32_aligned(b + 48 + 32 * (s >> 1), ql);
         int shift = (s & 1) * 4;
         unsigned u = 1u << s;
 #pragma unroll
         for (int l = 0; l < 32; l++)
-            w[l] = d1 * (float)(((ql[l] >> shift) & 0xF) + ((qh[l] & u) ? 16 : 0)) - m1;
+            w[l] = d1 * (float)(((byte_of(ql, l) >> shift) & 0xF) + ((byte_of(qh, l) & u) ? 16 : 0)) - m1;
         break;
     }
     case FMT_Q6K: {
         // 210 bytes per 256 values: ql[128], qh[64], scales[16] (i8), d; sub-block s of 32.
+        // Blocks are 2-byte aligned.
         const u8* b = row + 210 * (c >> 3);
         int s = c & 7;
         int half = s >> 2, k = s & 3;
-        const u8* ql = b + 64 * half + ((k & 1) ? 32 : 0);
-        const u8* qh = b + 128 + 32 * half;
-        const signed char* sc = reinterpret_cast<const signed char*>(b + 192) + 8 * half;
-        float d = half_at(b + 208);
+        unsigned ql[8], qh[8];
+        words_at<8>(b + 64 * half + ((k & 1) ? 32 : 0), ql);
+        words_at<8>(b + 128 + 32 * half, qh);
+        // The two scales of the sub-block (its values 0..15 and 16..31).
+        unsigned short sc2 = u16_at(b + 192 + 8 * half + 2 * k);
+        float d = half_bits(u16_at(b + 208));
+        float s0 = (float)(signed char)(sc2 & 0xFF), s1 = (float)(signed char)(sc2 >> 8);
         int nshift = (k >> 1) * 4, hshift = 2 * k;
 #pragma unroll
         for (int l = 0; l < 32; l++) {
-            int q = (int)(((ql[l] >> nshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-            w[l] = d * (float)sc[(l >> 4) + 2 * k] * (float)q;
+            int q = (int)(((byte_of(ql, l) >> nshift) & 0xF) | (((byte_of(qh, l) >> hshift) & 3) << 4)) - 32;
+            w[l] = d * (l < 16 ? s0 : s1) * (float)q;
         }
         break;
     }
@@ -270,53 +327,94 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // y[r, y_off + o] = x[r] . W[o] (+ bias[y_off + o] unless bias is null) (+ y[r, y_off + o]
 // when accumulating) for the `rows` rows of a weight part W (row-major, `row_bytes` a row,
 // in format FMT), x rows of `in` values (a multiple of 32), y rows of `y_stride` values.
-// One warp per output; lane l sums chunks l, l + 32, ... in order, then the lanes are
-// summed in a fixed tree: a row's sum runs in the same order whatever rows share the
-// launch. blockIdx.y picks a group of up to ROWS rows, all computed in one pass over W. One
-// kernel per format (`matvec_F`, F the format's code), so each holds only its own format's
-// code.
+// A warp computes OUTS consecutive outputs; for each, lane l sums chunks l, l + 32, ... in
+// order (32 fused multiply-adds a chunk, in value order), then the lanes are summed in a
+// fixed tree: a row's sum runs in the same order whatever rows share the launch, and
+// however the warp's loops are ordered. blockIdx.y picks a group of up to ROWS rows, all
+// computed in one pass over W. One kernel per format (`matvec_F`, F the format's code), so
+// each holds only its own format's code.
+//
+// A lone row (a decode step) holds its chunk of x in registers for all OUTS outputs: x is
+// read from L1 once per OUTS weight rows rather than once per row, which is what a lane's
+// loads are mostly made of otherwise (32 values of x against 16-34 bytes of weights).
+#define OUTS 2
 template <int FMT>
-__device__ __forceinline__ void matvec_body(const u8* W, long long row_bytes, const float* x,
-                                            const float* bias, float* y, int n, int in,
-                                            int rows, int y_stride, int y_off,
+__device__ __forceinline__ void matvec_body(const u8* __restrict__ W, long long row_bytes,
+                                            const float* __restrict__ x,
+                                            const float* __restrict__ bias, float* y, int n,
+                                            int in, int rows, int y_stride, int y_off,
                                             int accumulate) {
-    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS;
     int lane = threadIdx.x & 31;
-    if (o >= rows) return;
+    if (o0 >= rows) return;
     int r0 = blockIdx.y * ROWS;
     int nr = min(ROWS, n - r0);
-    float acc[ROWS];
+    float acc[OUTS][ROWS];
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
-    const u8* wrow = W + (long long)o * row_bytes;
+    for (int k = 0; k < OUTS; k++)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) acc[k][r] = 0.0f;
     int chunks = in >> 5;
     float w[32];
-    for (int c = lane; c < chunks; c += 32) {
-        chunk_values(FMT, wrow, c, w);
+    if (nr == 1) {
+        const float4* xr = reinterpret_cast<const float4*>(x + (long long)r0 * in);
+        for (int c = lane; c < chunks; c += 32) {
+            float xv[32];
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            if (r < nr) {
-                const float4* xs = reinterpret_cast<const float4*>(x + (long long)(r0 + r) * in + 32 * c);
-                float t = acc[r];
+            for (int i = 0; i < 8; i++) {
+                float4 b = xr[8 * c + i];
+                xv[4 * i] = b.x; xv[4 * i + 1] = b.y; xv[4 * i + 2] = b.z; xv[4 * i + 3] = b.w;
+            }
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float4 b = xs[i];
-                    t = __fmaf_rn(w[4 * i], b.x, t);
-                    t = __fmaf_rn(w[4 * i + 1], b.y, t);
-                    t = __fmaf_rn(w[4 * i + 2], b.z, t);
-                    t = __fmaf_rn(w[4 * i + 3], b.w, t);
+            for (int k = 0; k < OUTS; k++) {
+                if (o0 + k < rows) {
+                    chunk_values(FMT, W + (long long)(o0 + k) * row_bytes, c, w);
+                    float t = acc[k][0];
+#pragma unroll
+                    for (int i = 0; i < 32; i++) t = __fmaf_rn(w[i], xv[i], t);
+                    acc[k][0] = t;
                 }
-                acc[r] = t;
+            }
+        }
+    } else {
+        for (int c = lane; c < chunks; c += 32) {
+#pragma unroll
+            for (int k = 0; k < OUTS; k++) {
+                if (o0 + k >= rows) continue;
+                chunk_values(FMT, W + (long long)(o0 + k) * row_bytes, c, w);
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    if (r < nr) {
+                        const float4* xs = reinterpret_cast<const float4*>(x + (long long)(r0 + r) * in + 32 * c);
+                        float t = acc[k][r];
+#pragma unroll
+                        for (int i = 0; i < 8; i++) {
+                            float4 b = xs[i];
+                            t = __fmaf_rn(w[4 * i], b.x, t);
+                            t = __fmaf_rn(w[4 * i + 1], b.y, t);
+                            t = __fmaf_rn(w[4 * i + 2], b.z, t);
+                            t = __fmaf_rn(w[4 * i + 3], b.w, t);
+                        }
+                        acc[k][r] = t;
+                    }
+                }
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        float t = warp_sum(acc[r]);
-        if (lane == 0 && r < nr) {
-            if (bias) t = t + bias[y_off + o];
-            float* dst = y + (long long)(r0 + r) * y_stride + y_off + o;
-            *dst = accumulate ? *dst + t : t;
+    for (int k = 0; k < OUTS; k++) {
+        int o = o0 + k;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            // Rows past the block's (and outputs past the part's) are never summed: the
+            // same test for the whole warp.
+            if (r >= nr || o >= rows) break;
+            float t = warp_sum(acc[k][r]);
+            if (lane == 0) {
+                if (bias) t = t + bias[y_off + o];
+                float* dst = y + (long long)(r0 + r) * y_stride + y_off + o;
+                *dst = accumulate ? *dst + t : t;
+            }
         }
     }
 }
