@@ -465,16 +465,12 @@ def part_peer(args, sc, port):
     work = os.path.join(args.work, "llama")
     os.makedirs(work, exist_ok=True)
     notes = []
-    extra = []
     if has_amx():
-        # ggml's AMX matmul (chosen on AMX machines through the extra buffer types, with weight
-        # repacking) segfaults at the first decode on this project's AMX VMs; --no-repack turns
-        # both off. On x86 ggml repacks only Q4_0, Q4_K and IQ4_NL, so a Q4_1 / Q8_0 file
-        # (the default model) loses nothing else by it.
-        extra = ["--no-repack"]
-        notes.append("--no-repack: ggml's AMX path segfaults on this machine")
+        # xtask builds llama.cpp without its AMX code on such a CPU (ggml's AMX matmul
+        # segfaults at the first decode on this project's AMX VMs): see peer.rs's isa_flags.
+        notes.append("built without its AMX code (it crashes on this machine), for every other extension of this CPU")
     cmd = [args.llama, "-m", args.model, "--port", str(port), "-t", str(args.threads), "-c", str(args.window),
-           "-np", "1", *extra, *args.llama_args.split()]
+           "-np", "1", *args.llama_args.split()]
     s = Server("llama", cmd, dict(os.environ), port, work)
     s.start()
     try:

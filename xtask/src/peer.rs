@@ -175,11 +175,18 @@ fn peer_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target/peer"))
 }
 
-/// `build/bin/<target>` (`llama-bench`, `llama-server`) under [`peer_dir`], fetched and
-/// built on first use.
+/// `build/bin/<target>` (`llama-bench`, `llama-server`) under [`peer_dir`] (`build-noamx/`
+/// on a CPU with AMX: [`isa_flags`]), fetched and built on first use.
 pub(crate) fn ensure_llama(target: &str) -> Result<PathBuf> {
     let dir = peer_dir();
-    let bin = dir.join("build/bin").join(target);
+    let isa = isa_flags(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+    // A build without AMX has a folder of its own (a native build may already be there).
+    let build = dir.join(if isa.is_empty() {
+        "build"
+    } else {
+        "build-noamx"
+    });
+    let bin = build.join("bin").join(target);
     if bin.exists() {
         return Ok(bin);
     }
@@ -218,26 +225,30 @@ pub(crate) fn ensure_llama(target: &str) -> Result<PathBuf> {
         );
     }
     eprintln!("[peer] building {target} (cmake, Release; several minutes on 2 cores)");
+    if !isa.is_empty() {
+        eprintln!("[peer] this CPU has AMX: llama.cpp built for its other extensions ({isa:?})");
+    }
     run_cmd(
         Command::new("cmake")
             .arg("-S")
             .arg(src.join("vendor/llama.cpp"))
             .arg("-B")
-            .arg(dir.join("build"))
+            .arg(&build)
             .args([
                 "-DCMAKE_BUILD_TYPE=Release",
                 "-DLLAMA_CURL=OFF",
                 "-DLLAMA_BUILD_UI=OFF",
                 "-DLLAMA_USE_PREBUILT_UI=OFF",
                 "-DBUILD_SHARED_LIBS=OFF",
-            ]),
+            ])
+            .args(&isa),
         "cmake configure",
     )?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     run_cmd(
         Command::new("cmake")
             .arg("--build")
-            .arg(dir.join("build"))
+            .arg(&build)
             .args(["--config", "Release", "--target", target, "-j"])
             .arg(jobs.to_string()),
         "cmake build",
@@ -246,6 +257,56 @@ pub(crate) fn ensure_llama(target: &str) -> Result<PathBuf> {
         bail!("the build finished but {} is missing", bin.display());
     }
     Ok(bin)
+}
+
+/// The CMake options that build llama.cpp for this CPU (`cpuinfo`, `/proc/cpuinfo`'s text)
+/// without its AMX code: none (ggml's own `GGML_NATIVE`) on a CPU without AMX. ggml's AMX
+/// matrix product, which a native build chooses on an AMX CPU, crashes at the first decode
+/// on this project's AMX machines (a segfault in `ggml_backend_amx_mul_mat`); turning it off
+/// at run time (`--no-repack`) also turns off the repacked Q4_0 / Q4_K products that the
+/// other extensions give, which would understate llama.cpp on K-quant files. So the build
+/// names this CPU's extensions one by one, AMX left out.
+fn isa_flags(cpuinfo: &str) -> Vec<String> {
+    let flags: std::collections::HashSet<&str> = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, f)| f.split_whitespace().collect())
+        .unwrap_or_default();
+    if !flags.contains("amx_int8") {
+        return Vec::new();
+    }
+    let mut out = vec!["-DGGML_NATIVE=OFF".to_string()];
+    for (flag, option) in [
+        ("avx", "GGML_AVX"),
+        ("avx2", "GGML_AVX2"),
+        ("bmi2", "GGML_BMI2"),
+        ("fma", "GGML_FMA"),
+        ("f16c", "GGML_F16C"),
+        ("avx_vnni", "GGML_AVX_VNNI"),
+        ("avx512f", "GGML_AVX512"),
+        ("avx512vbmi", "GGML_AVX512_VBMI"),
+        ("avx512_vnni", "GGML_AVX512_VNNI"),
+        ("avx512_bf16", "GGML_AVX512_BF16"),
+    ] {
+        let on = if flags.contains(flag) { "ON" } else { "OFF" };
+        out.push(format!("-D{option}={on}"));
+    }
+    out
+}
+
+/// What a report says of the llama.cpp build on this CPU: nothing for a native one.
+pub(crate) fn llama_build_note() -> String {
+    let isa = isa_flags(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+    if isa.is_empty() {
+        return String::new();
+    }
+    format!(
+        " llama.cpp is built without its AMX code on this AMX CPU (ggml's AMX matrix product \
+         crashes at the first decode on these machines), for each of its other extensions: \
+         `{}`.",
+        isa.join(" ")
+    )
 }
 
 /// Runs llama-bench (`-o csv`) and reads the mean tokens per second of each test.
@@ -456,6 +517,27 @@ fn measure_bandwidth(threads: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn llama_cpp_is_built_without_amx_where_the_cpu_has_it() {
+        let plain = "processor\t: 0\nflags\t\t: fpu sse avx avx2 fma f16c bmi2 avx512f\n";
+        assert!(isa_flags(plain).is_empty(), "native where there is no AMX");
+        let amx =
+            "flags\t\t: avx avx2 fma f16c bmi2 avx512f avx512vbmi avx512_vnni amx_tile amx_int8\n";
+        let got = isa_flags(amx);
+        assert_eq!(got[0], "-DGGML_NATIVE=OFF");
+        for on in [
+            "-DGGML_AVX512=ON",
+            "-DGGML_AVX512_VNNI=ON",
+            "-DGGML_AVX512_VBMI=ON",
+        ] {
+            assert!(got.iter().any(|f| f == on), "{on} in {got:?}");
+        }
+        for off in ["-DGGML_AVX512_BF16=OFF", "-DGGML_AVX_VNNI=OFF"] {
+            assert!(got.iter().any(|f| f == off), "{off} in {got:?}");
+        }
+        assert!(got.iter().all(|f| !f.contains("AMX")));
+    }
 
     #[test]
     fn reads_llama_bench_csv() {

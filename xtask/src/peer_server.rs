@@ -232,7 +232,7 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
          of the rounds. Ratios are mtplx / llama.cpp (above 1: mtplx is faster) and hold \
          within this run only. The engine column is mtplx's model in process at the same \
          context (no HTTP), so `server / engine` is the share of its speed the server \
-         keeps. Raw figures: `raw/{}.json`.\n\n{}",
+         keeps. Raw figures: `raw/{}.json`.{}\n\n{}",
         args.threads,
         contexts.join(","),
         args.reps,
@@ -245,6 +245,7 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
         },
         args.threads,
         report_name(args.kv_dtype),
+        crate::peer::llama_build_note(),
         sections.join("\n"),
     )
 }
