@@ -769,3 +769,31 @@ pub(crate) struct DeviceRope {
     pub(crate) sin: CudaSlice<f32>,
     pub(crate) interleaved: bool,
 }
+
+#[cfg(test)]
+mod source_tests {
+    use super::*;
+
+    /// The value of `#define NAME v` in the kernels' source.
+    fn define(name: &str) -> usize {
+        let prefix = format!("#define {name} ");
+        let mut values = SOURCE
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.trim().parse::<usize>().expect("a number"));
+        let v = values.next().unwrap_or_else(|| panic!("no #define {name}"));
+        assert!(values.next().is_none(), "#define {name} twice");
+        v
+    }
+
+    /// The launches size their grids by the source's constants: a kernel computing more
+    /// outputs a warp, rows a block or keys a part than its launch assumes would leave
+    /// outputs unwritten (or write past them), silently, on a device only. This holds the
+    /// two sides together on every machine.
+    #[test]
+    fn the_launches_assume_the_sources_constants() {
+        assert_eq!(define("OUTS"), MATVEC_OUTS as usize, "OUTS");
+        assert_eq!(define("ROWS"), MATVEC_ROWS, "ROWS");
+        assert_eq!(define("KEYS"), ATTEND_KEYS, "KEYS");
+    }
+}
