@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, over what tools/bench/gpu_pack.sh
+# packed into DIR (default .gl): the device and its copy bandwidth, the CUDA unit tests, the
+# Llama-3-8B-shaped files written there (make-shaped), and each file through mtplx's server
+# (tools/bench/gpu_server.py, plain decoding) for each kernel source in KERNELS (`builtin`,
+# or NAME for DIR/k-NAME.cu through MTPLX_CUDA_KERNELS: the same binary times both in one
+# run); with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz.
+# Results: $OUT/gpu-run.tgz (JSON and server logs) and the printed lines.
+# Knobs: FILES (q4_k_m q4_0), KERNELS (builtin), SIZES (100,400), ROUNDS (2), GEN (64),
+# DEVICE (cuda; cpu tries the script on a machine without a GPU with SHAPE=tiny).
+set -uo pipefail
+G=$(realpath "${1:-.gl}")
+OUT=${OUT:-/tmp/gpu-out}
+W=/tmp/gpu-run
+mkdir -p "$OUT" "$W/res"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+DEVICE=${DEVICE:-cuda}
+(cd "$G" && for f in *.xz; do [ "$f" = llama-src.tar.xz ] || xz -dkf -T0 "$f"; done; chmod +x mtplx-serve xtask libtest)
+if [ "$DEVICE" = cuda ]; then
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 - <<'PY'
+import torch, time
+x = torch.empty(2**31, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize(); t = time.time()
+for _ in range(10): y.copy_(x)
+torch.cuda.synchronize(); dt = (time.time() - t) / 10
+print(f"device copy bandwidth (read + write): {2 * x.numel() / dt / 1e12:.2f} TB/s")
+PY
+  MTPLX_CUDA_TESTS=1 "$G/libtest" cuda:: --test-threads 1 2>&1 | grep "^test \|test result"
+fi
+if [ "${LLAMA:-0}" = 1 ]; then
+  bash tools/bench/build_llama_cuda.sh "$G/llama-src.tar.xz" "$W/llama" &
+  llama_build=$!
+fi
+for q in ${FILES:-q4_k_m q4_0}; do
+  "$G/xtask" make-shaped --shape "${SHAPE:-llama3-8b}" --quant "$q" --seed 1 \
+    --tokenizer-from "$G/tok.gguf" --out "$W/$q.gguf" | tail -1
+done
+[ -n "${llama_build:-}" ] && wait "$llama_build"
+KERNELS=${KERNELS:-builtin}
+for q in ${FILES:-q4_k_m q4_0}; do
+  for k in $KERNELS; do
+    if [ "$k" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$k.cu; fi
+    echo "== $q, kernels $k"
+    llama=()
+    parts=mtplx
+    if [ "${LLAMA:-0}" = 1 ] && [ "$k" = "${KERNELS%% *}" ]; then
+      llama=(--llama "$W/llama/build/bin/llama-server"); parts=mtplx,llama
+    fi
+    python3 tools/bench/gpu_server.py --mtplx "$G/mtplx-serve" "${llama[@]}" --device "$DEVICE" \
+      --model "$W/$q.gguf" --work "$W/$q-$k" --parts "$parts" --modes ar \
+      --sizes "${SIZES:-100,400}" --rounds "${ROUNDS:-2}" --gen "${GEN:-64}" \
+      --out "$W/res/$q-$k.json" 2>&1 | grep '^{"server' | cut -c1-220
+    cp "$W/$q-$k/mtplx.out" "$W/res/$q-$k.out" 2>/dev/null
+  done
+done
+tar czf "$OUT/gpu-run.tgz" -C "$W" res
