@@ -337,6 +337,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // A lone row (a decode step) holds its chunk of x in registers for all OUTS outputs: x is
 // read from L1 once per OUTS weight rows rather than once per row, which is what a lane's
 // loads are mostly made of otherwise (32 values of x against 16-34 bytes of weights).
+// `MATVEC_OUTS` in device.rs sizes the launches by it (a test holds the two equal).
 #define OUTS 2
 template <int FMT>
 __device__ __forceinline__ void matvec_body(const u8* __restrict__ W, long long row_bytes,
