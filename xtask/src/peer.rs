@@ -179,7 +179,7 @@ fn peer_dir() -> PathBuf {
 /// on a CPU with AMX: [`isa_flags`]), fetched and built on first use.
 pub(crate) fn ensure_llama(target: &str) -> Result<PathBuf> {
     let dir = peer_dir();
-    let isa = isa_flags(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+    let isa = this_cpu_isa_flags();
     // A build without AMX has a folder of its own (a native build may already be there).
     let build = dir.join(if isa.is_empty() {
         "build"
@@ -295,9 +295,14 @@ fn isa_flags(cpuinfo: &str) -> Vec<String> {
     out
 }
 
+/// [`isa_flags`] for the CPU this runs on.
+fn this_cpu_isa_flags() -> Vec<String> {
+    isa_flags(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
+}
+
 /// What a report says of the llama.cpp build on this CPU: nothing for a native one.
 pub(crate) fn llama_build_note() -> String {
-    let isa = isa_flags(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+    let isa = this_cpu_isa_flags();
     if isa.is_empty() {
         return String::new();
     }

@@ -126,6 +126,25 @@ __device__ __forceinline__ void scale_min_k4w(int j, const unsigned* sc, int* d,
     }
 }
 
+// The two halves packed in a word (the low one first), as floats.
+__device__ __forceinline__ void half_pair(unsigned w, float* lo, float* hi) {
+    *lo = half_bits((unsigned short)(w & 0xFFFF));
+    *hi = half_bits((unsigned short)(w >> 16));
+}
+
+// The scale d1 and offset m1 of sub-block s of a Q4_K / Q5_K block at b (16-byte aligned:
+// d, dmin, then 12 bytes of 6-bit scales and mins), as ggml's dequantize_row_q4_K forms them.
+__device__ __forceinline__ void k4_sub_block(const u8* b, int s, float* d1, float* m1) {
+    const unsigned* hdr = reinterpret_cast<const unsigned*>(b);
+    float d, dmin;
+    half_pair(hdr[0], &d, &dmin);
+    unsigned sc[3] = {hdr[1], hdr[2], hdr[3]};
+    int scv, mv;
+    scale_min_k4w(s, sc, &scv, &mv);
+    *d1 = d * (float)scv;
+    *m1 = dmin * (float)mv;
+}
+
 // Values 32c .. 32c + 31 of a row stored at `row` in format `fmt`, into w, each dequantized
 // as ggml's dequantize_row_* computes it.
 __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row, int c, float* w) {
@@ -175,8 +194,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
     case FMT_Q4_1: {
         // 20-byte blocks: rows and blocks start 4-byte aligned, so five 32-bit loads.
         const unsigned* b = reinterpret_cast<const unsigned*>(row + 20 * c);
-        unsigned dm = b[0];
-        float d = half_bits((unsigned short)(dm & 0xFFFF)), m = half_bits((unsigned short)(dm >> 16));
+        float d, m;
+        half_pair(b[0], &d, &m);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             unsigned q = b[1 + k];
@@ -212,7 +231,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
         const unsigned* b = reinterpret_cast<const unsigned*>(row + 24 * c);
         unsigned dm = b[0], qh = b[1];
         unsigned qs[4] = {b[2], b[3], b[4], b[5]};
-        float d = half_bits((unsigned short)(dm & 0xFFFF)), m = half_bits((unsigned short)(dm >> 16));
+        float d, m;
+        half_pair(dm, &d, &m);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             unsigned x = byte_of(qs, j);
@@ -238,13 +258,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
         // are whole blocks, so blocks are 16-byte aligned.
         const u8* b = row + 144 * (c >> 3);
         int s = c & 7;
-        const unsigned* hdr = reinterpret_cast<const unsigned*>(b);
-        unsigned dm = hdr[0];
-        unsigned sc[3] = {hdr[1], hdr[2], hdr[3]};
-        float d = half_bits((unsigned short)(dm & 0xFFFF)), dmin = half_bits((unsigned short)(dm >> 16));
-        int scv, mv;
-        scale_min_k4w(s, sc, &scv, &mv);
-        float d1 = d * (float)scv, m1 = dmin * (float)mv;
+        float d1, m1;
+        k4_sub_block(b, s, &d1, &m1);
         unsigned q[8];
         words32_aligned(b + 16 + 32 * (s >> 1), q);
         int shift = (s & 1) * 4;
@@ -256,13 +271,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
         // 176 bytes per 256 values: d, dmin, scales[12], qh[32], qs[128]; 16-byte aligned.
         const u8* b = row + 176 * (c >> 3);
         int s = c & 7;
-        const unsigned* hdr = reinterpret_cast<const unsigned*>(b);
-        unsigned dm = hdr[0];
-        unsigned sc[3] = {hdr[1], hdr[2], hdr[3]};
-        float d = half_bits((unsigned short)(dm & 0xFFFF)), dmin = half_bits((unsigned short)(dm >> 16));
-        int scv, mv;
-        scale_min_k4w(s, sc, &scv, &mv);
-        float d1 = d * (float)scv, m1 = dmin * (float)mv;
+        float d1, m1;
+        k4_sub_block(b, s, &d1, &m1);
         unsigned qh[8], ql[8];
         words32_aligned(b + 16, qh);
         words32_aligned(b + 48 + 32 * (s >> 1), ql);
