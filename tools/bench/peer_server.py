@@ -3,6 +3,7 @@
 
     peer_server.py MTPLX_SERVE LLAMA_SERVER MODEL.gguf [--threads 2] [--contexts 500,2000,6500]
                    [--rounds 3] [--gen 64] [--work DIR] [--mtplx-args '...'] [--llama-args '...']
+                   [--engine '["xtask", "peer", "--mtplx-only", ...]']
 
 Both servers run one at a time on the same machine (never both at once), each with
 `--threads` compute threads and an 8,192-token window. For each context length the client
@@ -11,7 +12,10 @@ prompts (no prefix is shared between rounds, and llama.cpp is asked not to reuse
 `cache_prompt: false`; mtplx decodes plainly: `generation_mode: "ar"`) and records time to
 the first token (the prefill) and the decode rate after it (streamed chunks over time). The
 medians are printed as a table with the ratio mtplx / llama.cpp (above 1: mtplx is faster)
-and written as JSON to WORK/peer_server.json.
+and written as JSON to WORK/peer_server.json. With `--engine`, mtplx's engine in process is
+measured at each context's prompt length right after the mtplx server's rounds there (the
+server idle meanwhile), so the server and its engine are compared minutes apart, not the
+length of the whole run.
 """
 import argparse
 import json
@@ -83,6 +87,17 @@ def run_one(client, model, text, gen, extra):
             "completion_tokens": completion}
 
 
+def engine_at(args, depth):
+    """mtplx's engine in process (`--engine`, a JSON argv that prints its figures as a JSON
+    line), decoding after `depth` tokens: run between the mtplx server's rounds, while the
+    server idles (its workers sleep), so both are measured minutes apart at most on a machine
+    whose speed drifts."""
+    out = subprocess.run(json.loads(args.engine) + ["--depths", str(depth)], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    return {"depth": depth, "decode": figures.get(f"tg{args.gen}@{depth}"), "figures": figures}
+
+
 def bench(name, cmd, env, url, extra, args):
     log = os.path.join(args.work, f"{name}.log")
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
@@ -98,6 +113,11 @@ def bench(name, cmd, env, url, extra, args):
             print(f"[{name}] ctx {ctx}: " + ", ".join(
                 f"ttft {r['ttft']:.2f}s decode {r['decode'] or 0:.1f} tok/s ({r['prompt_tokens']} prompt)"
                 for r in rows), flush=True)
+            if name == "mtplx" and args.engine:
+                e = engine_at(args, rows[0]["prompt_tokens"])
+                args.engine_rows[ctx] = e
+                print(f"[engine] {e['depth']} tokens of context: decode {e['decode'] or 0:.1f} tok/s",
+                      flush=True)
         return out
     finally:
         proc.terminate()
@@ -119,7 +139,11 @@ def main():
     ap.add_argument("--work", default="target/peer-server")
     ap.add_argument("--mtplx-args", default="", help="more mtplx-serve flags (e.g. '--kv-dtype q8')")
     ap.add_argument("--llama-args", default="", help="more llama-server flags (e.g. '-ctk q8_0')")
+    ap.add_argument("--engine", default="",
+                    help="mtplx's engine measurement, a JSON argv taking `--depths N`, run after "
+                         "the mtplx server's rounds at each context")
     args = ap.parse_args()
+    args.engine_rows = {}
     args.contexts = [int(c) for c in args.contexts.split(",")]
     os.makedirs(args.work, exist_ok=True)
 
@@ -139,8 +163,10 @@ def main():
     for ctx in args.contexts:
         a, b = mtplx[ctx], llama[ctx]
         ta, tb, da, db = med(a, "ttft"), med(b, "ttft"), med(a, "decode"), med(b, "decode")
+        e = args.engine_rows.get(ctx, {})
         table.append({"context": ctx, "prompt_tokens": a[0]["prompt_tokens"], "ttft_mtplx": ta,
-                      "ttft_llama": tb, "decode_mtplx": da, "decode_llama": db})
+                      "ttft_llama": tb, "decode_mtplx": da, "decode_llama": db,
+                      "decode_engine": e.get("decode"), "engine_figures": e.get("figures")})
         print(f"{ctx:>8} {a[0]['prompt_tokens']!s:>7} | {ta:>9.2f}s {tb:>9.2f}s {tb / ta:>5.2f}x | "
               f"{da:>8.1f} t/s {db:>6.1f} t/s {da / db:>5.2f}x")
     json.dump({"model": args.model, "threads": args.threads, "rounds": args.rounds, "gen": args.gen,

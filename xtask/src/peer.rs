@@ -368,16 +368,9 @@ fn parse_csv(text: &str) -> Result<Figures> {
 
 /// Runs this binary in release with `--mtplx-only` and reads its JSON line.
 pub(crate) fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let prompts: Vec<String> = args.prompts.iter().map(usize::to_string).collect();
-    let out = Command::new(cargo)
-        .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
-        .args(["peer", "--mtplx-only"])
-        .args(["--threads", &args.threads.to_string()])
-        .args(["--prompts", &prompts.join(",")])
-        .args(["--gen", &args.gen.to_string()])
-        .args(["--reps", &args.reps.to_string()])
-        .args(["--kv-dtype", args.kv_dtype.as_str()])
+    let argv = mtplx_command(args);
+    let out = Command::new(&argv[0])
+        .args(&argv[1..])
         .args(depths(&args.depths))
         .env("MTPLX_TEST_MODEL", model)
         .env("MTPLX_THREADS", args.threads.to_string())
@@ -401,6 +394,28 @@ pub(crate) fn mtplx_in_release(model: &Path, args: &PeerArgs) -> Result<(Figures
         }
     }
     Ok((figures, weight_bytes))
+}
+
+/// The command line of mtplx's measurement in a release build (`peer --mtplx-only`), less
+/// its depths; it reads the model from `MTPLX_TEST_MODEL` and prints its figures as one JSON
+/// line.
+pub(crate) fn mtplx_command(args: &PeerArgs) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let prompts: Vec<String> = args.prompts.iter().map(usize::to_string).collect();
+    let run = "run --release --quiet --package xtask -- peer --mtplx-only";
+    let mut argv: Vec<String> = std::iter::once(cargo)
+        .chain(run.split(' ').map(String::from))
+        .collect();
+    for (flag, value) in [
+        ("--threads", args.threads.to_string()),
+        ("--prompts", prompts.join(",")),
+        ("--gen", args.gen.to_string()),
+        ("--reps", args.reps.to_string()),
+        ("--kv-dtype", args.kv_dtype.to_string()),
+    ] {
+        argv.extend([flag.to_string(), value]);
+    }
+    argv
 }
 
 /// `--depths a,b` when there are any.

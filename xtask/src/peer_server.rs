@@ -8,9 +8,12 @@
 //!   runs one server at a time with `--threads` threads and an 8,192-token window.
 //! - The files: the default model and the Qwen2.5-Coder-0.5B-Instruct Q4_K_M file, both from
 //!   the model store, or `--model` alone.
-//! - mtplx's engine is measured in the same run at the prompt lengths the server reported
-//!   (decode after prefilling that many tokens, in process, the same threads), so the table
-//!   also says how much of its engine's speed the server keeps.
+//! - mtplx's engine is measured at each context right after the mtplx server's rounds there,
+//!   at the prompt length the server reported (decode after prefilling that many tokens, in
+//!   process, the same threads, the server idle), so the table also says how much of its
+//!   engine's speed the server keeps, from figures taken minutes apart at most. (Measured
+//!   once after the whole run instead, the server kept 0.85-0.89 of its engine on a machine
+//!   whose speed drifts by 15% in a day; measured back to back, 0.91-0.98.)
 //! - The table is printed and written to `docs/bench/peer-server.md`, the raw JSON of every
 //!   round to `docs/bench/raw/peer-server.json`.
 
@@ -21,7 +24,7 @@ use anyhow::{Context, Result};
 use mtplx_kv::KvDtype;
 use serde_json::{json, Value};
 
-use crate::peer::{ensure_llama, mtplx_in_release, run_cmd, workspace_root, PeerArgs};
+use crate::peer::{ensure_llama, mtplx_command, run_cmd, workspace_root, PeerArgs};
 
 /// One context length of one file: the medians the client measured and the engine's decode.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +64,11 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
         std::fs::create_dir_all(&work)?;
         eprintln!("[peer-server] {}: both servers, one client", file.display());
         let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
+        let engine_args = PeerArgs {
+            prompts: vec![512],
+            reps: 1,
+            ..args.clone()
+        };
         run_cmd(
             Command::new("python3")
                 .arg(&script)
@@ -73,6 +81,11 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
                 .args(["--gen", &args.gen.to_string()])
                 .arg(format!("--mtplx-args=--kv-dtype {}", args.kv_dtype))
                 .arg(format!("--llama-args={}", llama_cache(args.kv_dtype)))
+                .arg(format!(
+                    "--engine={}",
+                    serde_json::to_string(&mtplx_command(&engine_args))?
+                ))
+                .env("MTPLX_TEST_MODEL", file)
                 .arg("--work")
                 .arg(&work),
             "the server comparison (tools/bench/peer_server.py)",
@@ -82,18 +95,11 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
             &std::fs::read_to_string(&json_path)
                 .with_context(|| format!("reading {}", json_path.display()))?,
         )?;
-        let mut rows = rows_of(&measured)?;
-        eprintln!("[peer-server] {}: the engine at the same contexts", stem);
-        let engine_args = PeerArgs {
-            prompts: vec![512],
-            reps: 1,
-            depths: rows.iter().map(|r| r.prompt_tokens).collect(),
-            ..args.clone()
-        };
-        let (engine, weight_bytes) = mtplx_in_release(file, &engine_args)?;
-        for r in &mut rows {
-            r.decode_engine = engine.get(&format!("tg{}@{}", args.gen, r.prompt_tokens));
-        }
+        let rows = rows_of(&measured)?;
+        // The engine's figures at an empty context, from its first measurement.
+        let engine = &measured["table"][0]["engine_figures"];
+        let figure = |k: &str| engine[k].as_f64().map_or("-".into(), |v| format!("{v:.1}"));
+        let weight_bytes = engine["weight_bytes"].as_f64().unwrap_or(0.0);
         let name = file
             .file_name()
             .map_or(stem.clone(), |s| s.to_string_lossy().into_owned());
@@ -105,19 +111,12 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
         sections.push(format!(
             "## {name}\n\n{:.1} MB of weights per token in mtplx; its engine alone: pp512 \
              {} tok/s, tg{} at an empty context {} tok/s.\n\n{table}",
-            weight_bytes as f64 / 1e6,
-            engine
-                .get("pp512")
-                .map_or("-".into(), |v| format!("{v:.1}")),
+            weight_bytes / 1e6,
+            figure("pp512"),
             args.gen,
-            engine
-                .get(&format!("tg{}", args.gen))
-                .map_or("-".into(), |v| format!("{v:.1}")),
+            figure(&format!("tg{}", args.gen)),
         ));
-        raw.push(json!({"file": name, "measured": measured,
-                        "engine": engine_args.depths.iter().zip(&rows)
-                            .map(|(d, r)| json!({"depth": d, "decode": r.decode_engine}))
-                            .collect::<Vec<_>>()}));
+        raw.push(json!({"file": name, "measured": measured}));
     }
     let docs = workspace_root().join("docs/bench");
     std::fs::create_dir_all(docs.join("raw"))?;
@@ -170,7 +169,7 @@ fn rows_of(measured: &Value) -> Result<Vec<Row>> {
                 ttft_llama: f("ttft_llama")?,
                 decode_mtplx: f("decode_mtplx")?,
                 decode_llama: f("decode_llama")?,
-                decode_engine: None,
+                decode_engine: t["decode_engine"].as_f64(),
             })
         })
         .collect()
@@ -231,8 +230,8 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
          time to the first token; decode is streamed tokens over the time after it; medians \
          of the rounds. Ratios are mtplx / llama.cpp (above 1: mtplx is faster) and hold \
          within this run only. The engine column is mtplx's model in process at the same \
-         context (no HTTP), so `server / engine` is the share of its speed the server \
-         keeps. Raw figures: `raw/{}.json`.{}\n\n{}",
+         context (no HTTP), measured right after the server's rounds at that context, so \
+         `server / engine` is the share of its speed the server keeps. Raw figures: `raw/{}.json`.{}\n\n{}",
         args.threads,
         contexts.join(","),
         args.reps,
@@ -280,6 +279,7 @@ mod tests {
             "decode_llama": 100.0}]});
         let mut rows = rows_of(&measured).unwrap();
         assert_eq!(rows[0].prompt_tokens, 520);
+        assert_eq!(rows[0].decode_engine, None);
         rows[0].decode_engine = Some(200.0);
         let t = table(&rows);
         // Prefill 520 tok/s against 260: mtplx twice as fast; decode 1.5x; the server keeps
@@ -293,5 +293,10 @@ mod tests {
             "{t}"
         );
         assert!(rows_of(&json!({"table": [{"context": 1}]})).is_err());
+        // The engine's decode, measured by the client between the server's rounds.
+        let with_engine = json!({"table": [{"context": 500, "prompt_tokens": 520,
+            "ttft_mtplx": 1.0, "ttft_llama": 2.0, "decode_mtplx": 150.0,
+            "decode_llama": 100.0, "decode_engine": 160.0}]});
+        assert_eq!(rows_of(&with_engine).unwrap()[0].decode_engine, Some(160.0));
     }
 }
