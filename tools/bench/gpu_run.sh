@@ -4,7 +4,8 @@
 # Llama-3-8B-shaped files written there (make-shaped), and each file through mtplx's server
 # (tools/bench/gpu_server.py, plain decoding) for each kernel source in KERNELS (`builtin`,
 # or NAME for DIR/k-NAME.cu through MTPLX_CUDA_KERNELS: the same binary times both in one
-# run); with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz.
+# run; each source's unit tests first, and only the sources that pass them are timed);
+# with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz.
 # Results: $OUT/gpu-run.tgz (JSON and server logs) and the printed lines.
 # Knobs: FILES (q4_k_m q4_0), KERNELS (builtin), SIZES (100,400), ROUNDS (2), GEN (64),
 # DEVICE (cuda; cpu tries the script on a machine without a GPU with SHAPE=tiny).
@@ -28,8 +29,20 @@ for _ in range(10): y.copy_(x)
 torch.cuda.synchronize(); dt = (time.time() - t) / 10
 print(f"device copy bandwidth (read + write): {2 * x.numel() / dt / 1e12:.2f} TB/s")
 PY
-  MTPLX_CUDA_TESTS=1 "$G/libtest" cuda:: --test-threads 1 2>&1 | grep "^test \|test result"
 fi
+# The unit tests for each kernel source: a source that fails them is not timed.
+KERNELS=${KERNELS:-builtin}
+passed=""
+for k in $KERNELS; do
+  if [ "$k" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$k.cu; fi
+  if [ "$DEVICE" != cuda ]; then passed="$passed $k"; continue; fi
+  echo "== unit tests, kernels $k"
+  if MTPLX_CUDA_TESTS=1 "$G/libtest" cuda:: --test-threads 1 > "$W/res/tests-$k.txt" 2>&1; then
+    passed="$passed $k"
+  fi
+  grep "^test \|test result\|panicked\|vs " "$W/res/tests-$k.txt" | head -20
+done
+KERNELS=${passed# }
 if [ "${LLAMA:-0}" = 1 ]; then
   bash tools/bench/build_llama_cuda.sh "$G/llama-src.tar.xz" "$W/llama" &
   llama_build=$!
@@ -39,7 +52,6 @@ for q in ${FILES:-q4_k_m q4_0}; do
     --tokenizer-from "$G/tok.gguf" --out "$W/$q.gguf" | tail -1
 done
 [ -n "${llama_build:-}" ] && wait "$llama_build"
-KERNELS=${KERNELS:-builtin}
 for q in ${FILES:-q4_k_m q4_0}; do
   for k in $KERNELS; do
     if [ "$k" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$k.cu; fi

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{
+    CUdevice_attribute, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
@@ -15,17 +17,31 @@ use crate::weights::{FileData, FilePart, Linear};
 
 const SOURCE: &str = include_str!("kernels.cu");
 
-/// Threads of a row-wise block (norms, embedding, QKV split).
+/// Threads of a row-wise block (norms, embedding).
 const ROW_THREADS: u32 = 256;
+/// Threads of a QKV split's block: a decode step's one block rotates every Q and K pair and
+/// copies V (3,584 items for Llama-3-8B), and each item waits on its loads, so the more
+/// threads, the fewer waits in a row (its results do not depend on the count).
+const QKV_THREADS: u32 = 1024;
 /// Warps of a matvec block.
 const MATVEC_WARPS: u32 = 8;
-/// Outputs a matvec warp computes (`OUTS` in the source). Measured (the Llama-3-8B-shaped
-/// files through the server on an H100, plain decode at 111 / 421 tokens, tok/s): one
-/// output a warp 72.6 / 61.6 (Q4_K_M) and 76.0 / 65.9 (Q4_0); two 80.7 / 68.1 and 96.4 /
-/// 79.6; four 66.1 / 57.6 and 90.7 / 75.2.
+/// Outputs a matvec warp computes (`OUTS` in the source). Measured when this kernel also
+/// ran the decode step (the Llama-3-8B-shaped files through the server on an H100, plain
+/// decode at 111 / 421 tokens, tok/s): one output a warp 72.6 / 61.6 (Q4_K_M) and 76.0 /
+/// 65.9 (Q4_0); two 80.7 / 68.1 and 96.4 / 79.6; four 66.1 / 57.6 and 90.7 / 75.2.
 const MATVEC_OUTS: u32 = 2;
 /// Rows a matvec block computes per pass over its weights (`ROWS` in the source).
 const MATVEC_ROWS: usize = 8;
+/// Warps of a decode step's matvec block (`matvec1_F`, 256 threads in its launch bounds).
+const MATVEC1_WARPS: u32 = 8;
+/// Outputs a decode step's matvec warp computes (`OUTS1` in the source). With four, the
+/// same files decode at 109.9 / 93.5 (Q4_K_M) and 159.9 / 124.4 (Q4_0) tok/s on an H100,
+/// against 85.3 / 69.6 and 99.4 / 79.8 through `matvec_F` in the same run. Profiled, the
+/// small launches (Q, K, V; the output and down projections: 128-192 blocks) keep only
+/// 12-17% of the warps a multiprocessor holds busy, at 0.4-0.5 TB/s: the next step.
+const MATVEC1_OUTS: u32 = 4;
+/// Floats of shared memory a chunk of x takes in a decode step's matvec (`XSTRIDE`).
+const MATVEC1_XSTRIDE: usize = 36;
 /// Threads of an attention block.
 const ATTEND_THREADS: u32 = 128;
 /// Cache positions an attention part covers (`KEYS` in the source).
@@ -111,6 +127,12 @@ struct Kernels {
     rms_norm: CudaFunction,
     /// One per weight format, by [`WeightCode`].
     matvec: Vec<CudaFunction>,
+    /// The decode step's (one row of x), one per weight format; empty for a source
+    /// (`MTPLX_CUDA_KERNELS`) from before they were written, whose decode uses `matvec`.
+    matvec1: Vec<CudaFunction>,
+    /// The most dynamic shared memory a `matvec1` block may use (the device's opt-in
+    /// limit): x of up to this many bytes ÷ 4.5 values.
+    matvec1_shared: usize,
     silu_mul: CudaFunction,
     qkv_post: CudaFunction,
     attend: CudaFunction,
@@ -163,12 +185,32 @@ impl CudaDevice {
                 .load_function(name)
                 .map_err(|e| device_error(&format!("kernel {name}"), e))
         };
+        let matvec1 = match module.load_function("matvec1_0") {
+            Ok(_) => (0..WeightCode::COUNT)
+                .map(|c| f(&format!("matvec1_{c}")))
+                .collect::<Result<Vec<_>>>()?,
+            Err(_) => Vec::new(),
+        };
+        // A decode step's x goes in shared memory: a 14,336-wide x (Llama-3-8B's FFN) takes
+        // 63 KiB, past the 48 KiB a block gets without opting in.
+        let matvec1_shared = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| device_error("shared memory limit", e))?;
+        for func in &matvec1 {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                matvec1_shared,
+            )
+            .map_err(|e| device_error("matvec1 shared memory", e))?;
+        }
         let k = Kernels {
             embed: f("embed")?,
             rms_norm: f("rms_norm")?,
             matvec: (0..WeightCode::COUNT)
                 .map(|c| f(&format!("matvec_{c}")))
                 .collect::<Result<_>>()?,
+            matvec1,
+            matvec1_shared: matvec1_shared as usize,
             silu_mul: f("silu_mul")?,
             qkv_post: f("qkv_post")?,
             attend: f("attend")?,
@@ -349,7 +391,9 @@ impl CudaDevice {
     }
 
     /// `y = x Wᵀ (+ bias) (+ y when accumulating)` for `n` rows: one launch per part of
-    /// `w` (by its format's kernel), each writing its own columns of `y`.
+    /// `w` (by its format's kernel), each writing its own columns of `y`. A lone row (a
+    /// decode step) goes to `matvec1`, which computes the same bits, unless its x does not
+    /// fit the device's shared memory.
     pub(crate) fn matvec(
         &self,
         w: &DeviceMatrix,
@@ -362,6 +406,10 @@ impl CudaDevice {
         let acc = i32::from(accumulate);
         // An absent bias is a null pointer (as qkv_post's absent norms are).
         let bias = w.bias.as_ref().map_or(0, |b| self.address(b));
+        let decode_shared = w.cols / 32 * MATVEC1_XSTRIDE * 4;
+        if n == 1 && decode_shared <= self.k.matvec1_shared && !self.k.matvec1.is_empty() {
+            return self.matvec1(w, x, y, accumulate, decode_shared as u32);
+        }
         let mut y_off = 0i32;
         for part in &w.parts {
             let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
@@ -395,6 +443,53 @@ impl CudaDevice {
             unsafe { b.launch(cfg) }
                 .map(drop)
                 .map_err(|e| device_error("matvec", e))?;
+            y_off += ri;
+        }
+        Ok(())
+    }
+
+    /// [`matvec`](Self::matvec) of one row, by the `matvec1` kernels (`shared` bytes of x).
+    fn matvec1(
+        &self,
+        w: &DeviceMatrix,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+        shared: u32,
+    ) -> Result<()> {
+        let inn = w.cols as i32;
+        let acc = i32::from(accumulate);
+        let bias = w.bias.as_ref().map_or(0, |b| self.address(b));
+        let mut y_off = 0i32;
+        for part in &w.parts {
+            let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
+            let ri = rows_out as i32;
+            let mut b = self
+                .stream
+                .launch_builder(&self.k.matvec1[part.code as usize]);
+            b.arg(&part.blocks)
+                .arg(&row_bytes)
+                .arg(x)
+                .arg(&bias)
+                .arg(&mut *y)
+                .arg(&inn)
+                .arg(&ri)
+                .arg(&y_off)
+                .arg(&acc);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (rows_out as u32).div_ceil(MATVEC1_WARPS * MATVEC1_OUTS),
+                    1,
+                    1,
+                ),
+                block_dim: (32 * MATVEC1_WARPS, 1, 1),
+                shared_mem_bytes: shared,
+            };
+            // SAFETY: as in `matvec`, for one row of x; `shared` holds its chunks at
+            // MATVEC1_XSTRIDE floats each and is within the limit set at load.
+            unsafe { b.launch(cfg) }
+                .map(drop)
+                .map_err(|e| device_error("matvec1", e))?;
             y_off += ri;
         }
         Ok(())
@@ -468,7 +563,7 @@ impl CudaDevice {
             .arg(&eps);
         // SAFETY: the caches hold at least pos0 + n rows; the tables cover pos0 + n; the
         // norms (when given) hold head_dim values each, and heads are at most 256.
-        unsafe { b.launch(rows(n, ROW_THREADS, 0)) }
+        unsafe { b.launch(rows(n, QKV_THREADS, 0)) }
             .map(drop)
             .map_err(|e| device_error("qkv_post", e))
     }
@@ -795,5 +890,9 @@ mod source_tests {
         assert_eq!(define("OUTS"), MATVEC_OUTS as usize, "OUTS");
         assert_eq!(define("ROWS"), MATVEC_ROWS, "ROWS");
         assert_eq!(define("KEYS"), ATTEND_KEYS, "KEYS");
+        assert_eq!(define("OUTS1"), MATVEC1_OUTS as usize, "OUTS1");
+        assert_eq!(define("XSTRIDE"), MATVEC1_XSTRIDE, "XSTRIDE");
+        assert!(SOURCE.contains("__launch_bounds__(256) matvec1_"));
+        assert_eq!(MATVEC1_WARPS, 8, "matvec1's launch bounds are 256 threads");
     }
 }

@@ -106,6 +106,19 @@ __device__ __forceinline__ void words32_aligned(const u8* p, unsigned* out) {
     out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
+// The float of a small unsigned integer u (< 2^23), exactly as (float)u: u in the low bits
+// of 2^23's float is 2^23 + u, and taking 2^23 away is exact. Two full-rate operations where
+// the conversion instruction runs at a quarter of the rate, and a matvec converts every
+// weight value.
+__device__ __forceinline__ float small_float(unsigned u) {
+    return __int_as_float(0x4B000000 | u) - 8388608.0f;
+}
+
+// The float of a signed byte's value, exactly.
+__device__ __forceinline__ float byte_float(unsigned b) {
+    return small_float(b ^ 0x80u) - 128.0f;
+}
+
 // Byte j of the words w.
 __device__ __forceinline__ unsigned byte_of(const unsigned* w, int j) {
     return (w[j >> 2] >> (8 * (j & 3))) & 0xFFu;
@@ -186,8 +199,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             unsigned x = byte_of(q, j);
-            w[j] = (float)((int)(x & 0xF) - 8) * d;
-            w[j + 16] = (float)((int)(x >> 4) - 8) * d;
+            w[j] = (small_float(x & 0xF) - 8.0f) * d;
+            w[j + 16] = (small_float(x >> 4) - 8.0f) * d;
         }
         break;
     }
@@ -202,8 +215,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 unsigned byte = (q >> (8 * i)) & 0xFF;
-                w[4 * k + i] = (float)(byte & 0xF) * d + m;
-                w[4 * k + i + 16] = (float)(byte >> 4) * d + m;
+                w[4 * k + i] = small_float(byte & 0xF) * d + m;
+                w[4 * k + i + 16] = small_float(byte >> 4) * d + m;
             }
         }
         break;
@@ -221,8 +234,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
             unsigned x = byte_of(qs, j);
             int x0 = (int)((x & 0xF) | (((qh >> j) << 4) & 0x10));
             int x1 = (int)((x >> 4) | ((qh >> (j + 12)) & 0x10));
-            w[j] = (float)(x0 - 16) * d;
-            w[j + 16] = (float)(x1 - 16) * d;
+            w[j] = (small_float(x0) - 16.0f) * d;
+            w[j + 16] = (small_float(x1) - 16.0f) * d;
         }
         break;
     }
@@ -238,8 +251,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
             unsigned x = byte_of(qs, j);
             int x0 = (int)((x & 0xF) | (((qh >> j) << 4) & 0x10));
             int x1 = (int)((x >> 4) | ((qh >> (j + 12)) & 0x10));
-            w[j] = (float)x0 * d + m;
-            w[j + 16] = (float)x1 * d + m;
+            w[j] = small_float(x0) * d + m;
+            w[j + 16] = small_float(x1) * d + m;
         }
         break;
     }
@@ -250,7 +263,7 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
         unsigned q[8];
         words_at<8>(b + 2, q);
 #pragma unroll
-        for (int j = 0; j < 32; j++) w[j] = (float)(signed char)byte_of(q, j) * d;
+        for (int j = 0; j < 32; j++) w[j] = byte_float(byte_of(q, j)) * d;
         break;
     }
     case FMT_Q4K: {
@@ -264,7 +277,7 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
         words32_aligned(b + 16 + 32 * (s >> 1), q);
         int shift = (s & 1) * 4;
 #pragma unroll
-        for (int l = 0; l < 32; l++) w[l] = d1 * (float)((byte_of(q, l) >> shift) & 0xF) - m1;
+        for (int l = 0; l < 32; l++) w[l] = d1 * small_float((byte_of(q, l) >> shift) & 0xF) - m1;
         break;
     }
     case FMT_Q5K: {
@@ -280,7 +293,7 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
         unsigned u = 1u << s;
 #pragma unroll
         for (int l = 0; l < 32; l++)
-            w[l] = d1 * (float)(((byte_of(ql, l) >> shift) & 0xF) + ((byte_of(qh, l) & u) ? 16 : 0)) - m1;
+            w[l] = d1 * small_float(((byte_of(ql, l) >> shift) & 0xF) + ((byte_of(qh, l) & u) ? 16 : 0)) - m1;
         break;
     }
     case FMT_Q6K: {
@@ -299,8 +312,8 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
         int nshift = (k >> 1) * 4, hshift = 2 * k;
 #pragma unroll
         for (int l = 0; l < 32; l++) {
-            int q = (int)(((byte_of(ql, l) >> nshift) & 0xF) | (((byte_of(qh, l) >> hshift) & 3) << 4)) - 32;
-            w[l] = d * (l < 16 ? s0 : s1) * (float)q;
+            unsigned q = ((byte_of(ql, l) >> nshift) & 0xF) | (((byte_of(qh, l) >> hshift) & 3) << 4);
+            w[l] = d * (l < 16 ? s0 : s1) * (small_float(q) - 32.0f);
         }
         break;
     }
@@ -329,8 +342,12 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     const float* row = x + (long long)blockIdx.x * d;
     float* o = out + (long long)blockIdx.x * d;
     float s = 0.0f;
+    // Unrolled so that a thread's loads are all in flight at once (the weights come from
+    // DRAM: one load waited for at a time costs a microsecond each); the sums keep their order.
+#pragma unroll 8
     for (int j = threadIdx.x; j < d; j += blockDim.x) s = __fmaf_rn(row[j], row[j], s);
     float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
+#pragma unroll 8
     for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = row[j] * inv * w[j];
 }
 
@@ -344,22 +361,31 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // computed in one pass over W. One kernel per format (`matvec_F`, F the format's code), so
 // each holds only its own format's code.
 //
-// A lone row (a decode step) holds its chunk of x in registers for all OUTS outputs: x is
-// read from L1 once per OUTS weight rows rather than once per row, which is what a lane's
-// loads are mostly made of otherwise (32 values of x against 16-34 bytes of weights).
-// `MATVEC_OUTS` in device.rs sizes the launches by it (a test holds the two equal).
+// Several rows (a prefill chunk, a verify block) take x in tiles of 32 chunks a row, one
+// lane-loop step: the block copies the tile into shared memory, a chunk's 32 values 36
+// floats apart (the lanes' 16-byte reads of their chunks fall in different banks; read from
+// global memory they would touch 32 cache lines a read, and a chunk is read once for each
+// of the warp's OUTS outputs). A lone row comes here only when `matvec1_F` cannot take it
+// (an x too wide for shared memory, or a kernel source without it): it holds its chunk of x
+// in registers for all OUTS outputs. `MATVEC_OUTS` in device.rs sizes the launches by OUTS
+// (a test holds the two equal).
 #define OUTS 2
+// Floats between two chunks of x in shared memory: 32 values and 4 apart, so that lane l's
+// 16-byte reads start at bank 4l (mod 32) and a quarter warp's reads are in 32 banks.
+#define XSTRIDE 36
 template <int FMT>
 __device__ __forceinline__ void matvec_body(const u8* __restrict__ W, long long row_bytes,
                                             const float* __restrict__ x,
                                             const float* __restrict__ bias, float* y, int n,
                                             int in, int rows, int y_stride, int y_off,
                                             int accumulate) {
+    __shared__ float4 xt[ROWS * 32 * (XSTRIDE / 4)];
     int o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS;
     int lane = threadIdx.x & 31;
-    if (o0 >= rows) return;
     int r0 = blockIdx.y * ROWS;
     int nr = min(ROWS, n - r0);
+    // Only a lone row's warps leave early: the others all take part in copying the tiles.
+    if (nr == 1 && o0 >= rows) return;
     float acc[OUTS][ROWS];
 #pragma unroll
     for (int k = 0; k < OUTS; k++)
@@ -388,7 +414,19 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ W, long long 
             }
         }
     } else {
-        for (int c = lane; c < chunks; c += 32) {
+        const float4* x4 = reinterpret_cast<const float4*>(x + (long long)r0 * in);
+        int in4 = in >> 2;
+        for (int c0 = 0; c0 < chunks; c0 += 32) {
+            // The tile: chunks c0 .. c0 + 31 (or to the row's end) of each of the nr rows.
+            int per_row = 8 * min(32, chunks - c0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < nr * per_row; i += blockDim.x) {
+                int r = i / per_row, j = i - r * per_row;
+                xt[(r * 32 + (j >> 3)) * (XSTRIDE / 4) + (j & 7)] = x4[(long long)r * in4 + 8 * c0 + j];
+            }
+            __syncthreads();
+            int c = c0 + lane;
+            if (c >= chunks) continue;
 #pragma unroll
             for (int k = 0; k < OUTS; k++) {
                 if (o0 + k >= rows) continue;
@@ -396,7 +434,7 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ W, long long 
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
                     if (r < nr) {
-                        const float4* xs = reinterpret_cast<const float4*>(x + (long long)(r0 + r) * in + 32 * c);
+                        const float4* xs = xt + (r * 32 + lane) * (XSTRIDE / 4);
                         float t = acc[k][r];
 #pragma unroll
                         for (int i = 0; i < 8; i++) {
@@ -448,6 +486,84 @@ MATVEC(7)
 MATVEC(8)
 MATVEC(9)
 MATVEC(10)
+
+// The decode step's matvec (one row of x): the same sums as matvec_F's, in the same order
+// (lane l takes chunks l, l + 32, ... with 32 fused multiply-adds a chunk in value order,
+// then the lanes' fixed tree), so its outputs are the same bits as a row of a larger launch.
+// What differs is how the inputs arrive. The block first copies x into shared memory, a
+// chunk's 32 values 36 floats apart, so that the lanes' 16-byte reads of their chunks fall
+// in different banks (from global memory they touch 32 cache lines a read). Each warp then
+// computes OUTS1 outputs, reading its chunk of x once for all of them; with no x in
+// registers across rows and no row block, it needs few registers, so more warps fit on a
+// multiprocessor to keep loads in flight. Dynamic shared memory: 36 · in / 32 floats.
+// `MATVEC1_OUTS` in device.rs sizes the launches by OUTS1.
+#define OUTS1 4
+template <int FMT>
+__device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long row_bytes,
+                                             const float* __restrict__ x,
+                                             const float* __restrict__ bias, float* y, int in,
+                                             int rows, int y_off, int accumulate) {
+    extern __shared__ float4 xs[];
+    int chunks = in >> 5;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int i = threadIdx.x; i < 8 * chunks; i += blockDim.x) xs[(i >> 3) * (XSTRIDE / 4) + (i & 7)] = x4[i];
+    __syncthreads();
+    int o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS1;
+    int lane = threadIdx.x & 31;
+    if (o0 >= rows) return;
+    float acc[OUTS1];
+#pragma unroll
+    for (int k = 0; k < OUTS1; k++) acc[k] = 0.0f;
+    float w[32];
+    for (int c = lane; c < chunks; c += 32) {
+        const float4* xc = xs + c * (XSTRIDE / 4);
+#pragma unroll
+        for (int k = 0; k < OUTS1; k++) {
+            if (o0 + k < rows) {
+                chunk_values(FMT, W + (long long)(o0 + k) * row_bytes, c, w);
+                float t = acc[k];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 b = xc[i];
+                    t = __fmaf_rn(w[4 * i], b.x, t);
+                    t = __fmaf_rn(w[4 * i + 1], b.y, t);
+                    t = __fmaf_rn(w[4 * i + 2], b.z, t);
+                    t = __fmaf_rn(w[4 * i + 3], b.w, t);
+                }
+                acc[k] = t;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < OUTS1; k++) {
+        int o = o0 + k;
+        if (o >= rows) break;
+        float t = warp_sum(acc[k]);
+        if (lane == 0) {
+            if (bias) t = t + bias[y_off + o];
+            float* dst = y + y_off + o;
+            *dst = accumulate ? *dst + t : t;
+        }
+    }
+}
+
+#define MATVEC1(F)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) matvec1_##F(                          \
+        const u8* W, long long row_bytes, const float* x, const float* bias, float* y,       \
+        int in, int rows, int y_off, int accumulate) {                                       \
+        matvec1_body<F>(W, row_bytes, x, bias, y, in, rows, y_off, accumulate);              \
+    }
+MATVEC1(0)
+MATVEC1(1)
+MATVEC1(2)
+MATVEC1(3)
+MATVEC1(4)
+MATVEC1(5)
+MATVEC1(6)
+MATVEC1(7)
+MATVEC1(8)
+MATVEC1(9)
+MATVEC1(10)
 
 // Splits fused QKV rows ([n, qd + 2 kvd]), norms each Q and K head by its RMS (Qwen3's
 // per-head norms, when `qn` is given), rotates Q and K (RoPE at positions pos0 + r), writes Q
@@ -544,23 +660,38 @@ extern "C" __global__ void attend(const float* q, const unsigned long long* kv, 
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qrow[d];
     __syncthreads();
     float m = NEG_INF;
-    // A key's score in dimension order; read four values at a time (hd is a multiple of 4,
-    // and rows start 16-byte aligned).
+    // A key's score: lane i takes dimensions 4i .. 4i + 3 (and 4i + 128 .., for heads
+    // over 128), then the warp's fixed tree sums them. A warp scores keys warp, warp + W,
+    // ..., four at a time, so a lane has four keys' loads in flight (K rows come from DRAM).
     const float4* q4 = reinterpret_cast<const float4*>(qs);
-    for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
-        const float4* k = reinterpret_cast<const float4*>(kc + (long long)(j0 + j) * kvd + g * hd);
-        float t = 0.0f;
-#pragma unroll 4
-        for (int d = 0; d < hd / 4; d++) {
-            float4 a = q4[d], b = k[d];
-            t = __fmaf_rn(a.x, b.x, t);
-            t = __fmaf_rn(a.y, b.y, t);
-            t = __fmaf_rn(a.z, b.z, t);
-            t = __fmaf_rn(a.w, b.w, t);
+    int hd4 = hd >> 2;
+    for (int j = warp; j < cnt; j += 4 * warps) {
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int d = lane; d < hd4; d += 32) {
+            float4 a = q4[d];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int jj = j + u * warps;
+                if (jj < cnt) {
+                    float4 b = reinterpret_cast<const float4*>(kc + (long long)(j0 + jj) * kvd + g * hd)[d];
+                    float v = t[u];
+                    v = __fmaf_rn(a.x, b.x, v);
+                    v = __fmaf_rn(a.y, b.y, v);
+                    v = __fmaf_rn(a.z, b.z, v);
+                    v = __fmaf_rn(a.w, b.w, v);
+                    t[u] = v;
+                }
+            }
         }
-        t = t * scale;
-        sc[j] = t;
-        m = fmaxf(m, t);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int jj = j + u * warps;
+            float v = warp_sum(t[u]) * scale;
+            if (jj < cnt) {
+                if (lane == 0) sc[jj] = v;
+                m = fmaxf(m, v);
+            }
+        }
     }
     m = block_max(m, red);
     float l = 0.0f;
@@ -570,14 +701,26 @@ extern "C" __global__ void attend(const float* q, const unsigned long long* kv, 
         l += e;
     }
     l = block_sum(l, red);
+    // The weighted sum of V: warp w takes a run of keys, lane i dimensions 4i .. 4i + 3
+    // (a 16-byte load a key, all the warp's loads one contiguous row), eight keys' loads in
+    // flight; each dimension's sum runs over the warp's keys in order, and the warps' sums
+    // are added in warp order below.
     int chunk = (cnt + warps - 1) / warps;
     int a0 = warp * chunk, a1 = min(cnt, a0 + chunk);
-    for (int d = lane; d < hd; d += 32) {
-        float t = 0.0f;
-        const float* v = vc + (long long)j0 * kvd + g * hd + d;
+    for (int d = lane; d < hd4; d += 32) {
+        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4* v = reinterpret_cast<const float4*>(vc + (long long)j0 * kvd + g * hd) + d;
+        int kvd4 = kvd >> 2;
 #pragma unroll 8
-        for (int j = a0; j < a1; j++) t = __fmaf_rn(sc[j], v[(long long)j * kvd], t);
-        acc[warp * hd + d] = t;
+        for (int j = a0; j < a1; j++) {
+            float4 b = v[(long long)j * kvd4];
+            float e = sc[j];
+            t.x = __fmaf_rn(e, b.x, t.x);
+            t.y = __fmaf_rn(e, b.y, t.y);
+            t.z = __fmaf_rn(e, b.z, t.z);
+            t.w = __fmaf_rn(e, b.w, t.w);
+        }
+        reinterpret_cast<float4*>(acc + warp * hd)[d] = t;
     }
     __syncthreads();
     if (np == 1) {
