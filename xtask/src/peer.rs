@@ -60,9 +60,39 @@ pub struct PeerArgs {
     /// `q8_0` or `q4_1` (with flash attention, which a quantized V cache needs there).
     #[arg(long, default_value = "f16")]
     pub kv_dtype: mtplx_kv::KvDtype,
+    /// The K/V layout of mtplx's engine measurement: contiguous against llama-bench;
+    /// `--server` measures the engine in the server's own default, paged.
+    #[arg(long, value_enum, default_value = "contiguous")]
+    pub kv_layout: EngineLayout,
     /// Measure mtplx only and print one JSON line (what the peer step runs in release).
     #[arg(long, hide = true)]
     pub mtplx_only: bool,
+}
+
+/// A host K/V layout for the engine measurement (`--kv-layout`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineLayout {
+    Contiguous,
+    Paged,
+    Segmented,
+}
+
+impl EngineLayout {
+    fn factory(self) -> CacheFactory {
+        match self {
+            EngineLayout::Contiguous => CacheFactory::contiguous(),
+            EngineLayout::Paged => CacheFactory::paged(),
+            EngineLayout::Segmented => CacheFactory::segmented(),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            EngineLayout::Contiguous => "contiguous",
+            EngineLayout::Paged => "paged",
+            EngineLayout::Segmented => "segmented",
+        }
+    }
 }
 
 impl Default for PeerArgs {
@@ -77,6 +107,7 @@ impl Default for PeerArgs {
             server: false,
             contexts: vec![500, 2000, 4000, 6500],
             kv_dtype: mtplx_kv::KvDtype::F16,
+            kv_layout: EngineLayout::Contiguous,
             mtplx_only: false,
         }
     }
@@ -412,6 +443,7 @@ pub(crate) fn mtplx_command(args: &PeerArgs) -> Vec<String> {
         ("--gen", args.gen.to_string()),
         ("--reps", args.reps.to_string()),
         ("--kv-dtype", args.kv_dtype.to_string()),
+        ("--kv-layout", args.kv_layout.as_str().to_string()),
     ] {
         argv.extend([flag.to_string(), value]);
     }
@@ -437,7 +469,7 @@ fn tokens(n: usize) -> Vec<u32> {
 fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
     let model = Model::load(model_path, mtplx_model::Bundle::default_format(model_path)?)?;
     let shape = model.state_shape();
-    let factory = CacheFactory::contiguous().with_dtype(args.kv_dtype)?;
+    let factory = args.kv_layout.factory().with_dtype(args.kv_dtype)?;
     let mut figures = Figures::default();
     let mean = |f: &mut dyn FnMut() -> Result<f64>| -> Result<f64> {
         f()?; // warm-up

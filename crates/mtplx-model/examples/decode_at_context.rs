@@ -1,6 +1,7 @@
 //! A diagnostic: in-process decode speed after a prompt of each length (`MTPLX_TEST_MODEL`,
 //! default model otherwise), to set beside the same lengths through the server
-//! (`tools/bench/peer_server.py`). K/V in `$MTPLX_KV_DTYPE` (f16 by default, as the server).
+//! (`tools/bench/peer_server.py`). K/V in `$MTPLX_KV_DTYPE` (f16 by default, as the server);
+//! `$MTPLX_DECODE_STEPS` steps (32), more to profile the decode alone.
 //!
 //!     cargo run --release -p mtplx-model --example decode_at_context -- 500 2000 6500
 
@@ -32,7 +33,8 @@ fn main() {
         let out = prefill(m, &prompt, &mut seq, 512).expect("prefill");
         let pre = t.elapsed().as_secs_f64();
         let mut next = mtplx_model::sampling::argmax(out.last_logits()) as u32;
-        let steps = 32;
+        let steps: usize = std::env::var("MTPLX_DECODE_STEPS")
+            .map_or(32, |s| s.parse().expect("MTPLX_DECODE_STEPS: a count"));
         let t = Instant::now();
         for _ in 0..steps {
             let o = m.forward(&[next], &mut seq, Want::Last).expect("decode");
