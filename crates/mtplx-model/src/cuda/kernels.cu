@@ -367,7 +367,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // global memory they would touch 32 cache lines a read, and a chunk is read once for each
 // of the warp's OUTS outputs). A lone row comes here only when `matvec1_F` cannot take it
 // (an x too wide for shared memory, or a kernel source without it): it holds its chunk of x
-// in registers for all OUTS outputs. `MATVEC_OUTS` in device.rs sizes the launches by OUTS
+// in registers for all OUTS outputs. `MATVEC_OUTS` in source.rs sizes the launches by OUTS
 // (a test holds the two equal).
 #define OUTS 2
 // Floats between two chunks of x in shared memory: 32 values and 4 apart, so that lane l's
@@ -496,7 +496,7 @@ MATVEC(10)
 // computes OUTS1 outputs, reading its chunk of x once for all of them; with no x in
 // registers across rows and no row block, it needs few registers, so more warps fit on a
 // multiprocessor to keep loads in flight. Dynamic shared memory: 36 · in / 32 floats.
-// `MATVEC1_OUTS` in device.rs sizes the launches by OUTS1.
+// `MATVEC1_OUTS` in source.rs sizes the launches by OUTS1.
 #define OUTS1 4
 template <int FMT>
 __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long row_bytes,

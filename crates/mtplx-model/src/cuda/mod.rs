@@ -20,10 +20,12 @@ mod device;
 mod model;
 mod mtp;
 mod pass;
+mod source;
 #[cfg(test)]
 mod tests;
 
 pub use cache::{CudaCaches, CudaKvCache};
-pub use device::{compile, CudaDevice};
+pub use device::CudaDevice;
 pub use model::CudaModel;
 pub use mtp::CudaMtpHead;
+pub use source::compile;

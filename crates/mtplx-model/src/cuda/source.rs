@@ -1,0 +1,139 @@
+//! The kernels' source (`kernels.cu`), how it is compiled (NVRTC, at run time), and the
+//! constants its launches are sized by, which the source's `#define`s must match (a test
+//! holds them together on every machine).
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use crate::error::{ModelError, Result};
+
+const SOURCE: &str = include_str!("kernels.cu");
+
+/// Threads of a row-wise block (norms, embedding).
+pub(super) const ROW_THREADS: u32 = 256;
+/// Threads of a QKV split's block: a decode step's one block rotates every Q and K pair and
+/// copies V (3,584 items for Llama-3-8B), and each item waits on its loads, so the more
+/// threads, the fewer waits in a row (its results do not depend on the count).
+pub(super) const QKV_THREADS: u32 = 1024;
+/// Warps of a matvec block.
+pub(super) const MATVEC_WARPS: u32 = 8;
+/// Outputs a matvec warp computes (`OUTS` in the source). Measured when this kernel also
+/// ran the decode step (the Llama-3-8B-shaped files through the server on an H100, plain
+/// decode at 111 / 421 tokens, tok/s): one output a warp 72.6 / 61.6 (Q4_K_M) and 76.0 /
+/// 65.9 (Q4_0); two 80.7 / 68.1 and 96.4 / 79.6; four 66.1 / 57.6 and 90.7 / 75.2.
+pub(super) const MATVEC_OUTS: u32 = 2;
+/// Rows a matvec block computes per pass over its weights (`ROWS` in the source).
+pub(super) const MATVEC_ROWS: usize = 8;
+/// Warps of a decode step's matvec block (`matvec1_F`, 256 threads in its launch bounds).
+pub(super) const MATVEC1_WARPS: u32 = 8;
+/// Outputs a decode step's matvec warp computes (`OUTS1` in the source). With four, the
+/// same files decode at 109.9 / 93.5 (Q4_K_M) and 159.9 / 124.4 (Q4_0) tok/s on an H100,
+/// against 85.3 / 69.6 and 99.4 / 79.8 through `matvec_F` in the same run. Profiled, the
+/// small launches (Q, K, V; the output and down projections: 128-192 blocks) keep only
+/// 12-17% of the warps a multiprocessor holds busy, at 0.4-0.5 TB/s: the next step.
+pub(super) const MATVEC1_OUTS: u32 = 4;
+/// Floats of shared memory a chunk of x takes in a decode step's matvec (`XSTRIDE`).
+pub(super) const MATVEC1_XSTRIDE: usize = 36;
+/// Threads of an attention block.
+pub(super) const ATTEND_THREADS: u32 = 128;
+/// Cache positions an attention part covers (`KEYS` in the source).
+pub(crate) const ATTEND_KEYS: usize = 256;
+/// Query rows whose attention parts one launch computes (a prefill chunk's rows go in
+/// launches of this many, so the parts' buffer stays small at long contexts).
+pub(crate) const ATTEND_ROWS: usize = 64;
+/// Dynamic shared memory an attention block may use without opting in.
+pub(super) const MAX_SHARED_BYTES: usize = 48 * 1024;
+
+/// Compiles the kernels for `arch` (`compute_90`) with NVRTC: needs the NVRTC library, not
+/// a device. Returns the PTX.
+pub fn compile(arch: &'static str) -> Result<String> {
+    compile_source(SOURCE, arch)
+}
+
+/// The kernels' source: the built-in one, or the file `MTPLX_CUDA_KERNELS` names (a kernel
+/// developer's hook: another version of `kernels.cu`, with the same kernels and arguments,
+/// measured against the built-in one by the same binary in the same run).
+pub(super) fn source() -> Result<std::borrow::Cow<'static, str>> {
+    match std::env::var_os("MTPLX_CUDA_KERNELS") {
+        None => Ok(SOURCE.into()),
+        Some(path) => std::fs::read_to_string(&path)
+            .map(Into::into)
+            .map_err(|e| ModelError::Device(format!("MTPLX_CUDA_KERNELS={path:?}: {e}"))),
+    }
+}
+
+pub(super) fn compile_source(source: &str, arch: &'static str) -> Result<String> {
+    let ptx = quietly(|| {
+        compile_ptx_with_opts(
+            source,
+            CompileOptions {
+                fmad: Some(false),
+                arch: Some(arch),
+                ..Default::default()
+            },
+        )
+    })
+    .map_err(|_| ModelError::Device("the NVRTC library is not installed".into()))?
+    .map_err(|e| ModelError::Device(format!("compile the kernels: {e:?}")))?;
+    Ok(ptx.to_src())
+}
+
+/// Runs `f`, catching a panic, with the panic hook silent on this thread meanwhile. The
+/// driver and NVRTC libraries are loaded on first use and panic where absent: that is an
+/// error for the caller to report in one line, not a panic message and backtrace first.
+pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    use std::cell::Cell;
+    use std::sync::Once;
+    thread_local! {
+        static QUIET: Cell<bool> = const { Cell::new(false) };
+    }
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                hook(info)
+            }
+        }));
+    });
+    struct Loud;
+    impl Drop for Loud {
+        fn drop(&mut self) {
+            QUIET.with(|q| q.set(false));
+        }
+    }
+    QUIET.with(|q| q.set(true));
+    let _loud = Loud;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define NAME v` in the kernels' source.
+    fn define(name: &str) -> usize {
+        let prefix = format!("#define {name} ");
+        let mut values = SOURCE
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.trim().parse::<usize>().expect("a number"));
+        let v = values.next().unwrap_or_else(|| panic!("no #define {name}"));
+        assert!(values.next().is_none(), "#define {name} twice");
+        v
+    }
+
+    /// The launches size their grids by the source's constants: a kernel computing more
+    /// outputs a warp, rows a block or keys a part than its launch assumes would leave
+    /// outputs unwritten (or write past them), silently, on a device only. This holds the
+    /// two sides together on every machine.
+    #[test]
+    fn the_launches_assume_the_sources_constants() {
+        assert_eq!(define("OUTS"), MATVEC_OUTS as usize, "OUTS");
+        assert_eq!(define("ROWS"), MATVEC_ROWS, "ROWS");
+        assert_eq!(define("KEYS"), ATTEND_KEYS, "KEYS");
+        assert_eq!(define("OUTS1"), MATVEC1_OUTS as usize, "OUTS1");
+        assert_eq!(define("XSTRIDE"), MATVEC1_XSTRIDE, "XSTRIDE");
+        assert!(SOURCE.contains("__launch_bounds__(256) matvec1_"));
+        assert_eq!(MATVEC1_WARPS, 8, "matvec1's launch bounds are 256 threads");
+    }
+}
