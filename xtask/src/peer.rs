@@ -85,14 +85,6 @@ impl EngineLayout {
             EngineLayout::Segmented => CacheFactory::segmented(),
         }
     }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            EngineLayout::Contiguous => "contiguous",
-            EngineLayout::Paged => "paged",
-            EngineLayout::Segmented => "segmented",
-        }
-    }
 }
 
 impl Default for PeerArgs {
@@ -443,11 +435,21 @@ pub(crate) fn mtplx_command(args: &PeerArgs) -> Vec<String> {
         ("--gen", args.gen.to_string()),
         ("--reps", args.reps.to_string()),
         ("--kv-dtype", args.kv_dtype.to_string()),
-        ("--kv-layout", args.kv_layout.as_str().to_string()),
+        ("--kv-layout", layout_name(args.kv_layout)),
     ] {
         argv.extend([flag.to_string(), value]);
     }
     argv
+}
+
+/// The flag value clap reads back as `layout`.
+fn layout_name(layout: EngineLayout) -> String {
+    use clap::ValueEnum;
+    layout
+        .to_possible_value()
+        .expect("every layout has a name")
+        .get_name()
+        .to_string()
 }
 
 /// `--depths a,b` when there are any.
@@ -569,6 +571,21 @@ fn measure_bandwidth(threads: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The engine's command line names its layout as clap reads it back.
+    #[test]
+    fn the_engine_command_names_its_layout_as_clap_reads_it() {
+        use clap::ValueEnum;
+        for layout in EngineLayout::value_variants() {
+            let args = PeerArgs {
+                kv_layout: *layout,
+                ..PeerArgs::default()
+            };
+            let argv = mtplx_command(&args);
+            let at = argv.iter().position(|a| a == "--kv-layout").unwrap();
+            assert_eq!(EngineLayout::from_str(&argv[at + 1], false), Ok(*layout));
+        }
+    }
 
     #[test]
     fn llama_cpp_is_built_without_amx_where_the_cpu_has_it() {

@@ -312,90 +312,59 @@ impl CudaDevice {
         let acc = i32::from(accumulate);
         // An absent bias is a null pointer (as qkv_post's absent norms are).
         let bias = w.bias.as_ref().map_or(0, |b| self.address(b));
+        // A lone row goes to `matvec1` (the same bits) where its x fits in shared memory.
         let decode_shared = w.cols / 32 * MATVEC1_XSTRIDE * 4;
-        if n == 1 && decode_shared <= self.k.matvec1_shared && !self.k.matvec1.is_empty() {
-            return self.matvec1(w, x, y, accumulate, decode_shared as u32);
-        }
+        let decode = n == 1 && decode_shared <= self.k.matvec1_shared && !self.k.matvec1.is_empty();
+        let (kernels, name) = if decode {
+            (&self.k.matvec1, "matvec1")
+        } else {
+            (&self.k.matvec, "matvec")
+        };
         let mut y_off = 0i32;
         for part in &w.parts {
             let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
             let ri = rows_out as i32;
-            let mut b = self
-                .stream
-                .launch_builder(&self.k.matvec[part.code as usize]);
+            let mut b = self.stream.launch_builder(&kernels[part.code as usize]);
             b.arg(&part.blocks)
                 .arg(&row_bytes)
                 .arg(x)
                 .arg(&bias)
-                .arg(&mut *y)
-                .arg(&ni)
-                .arg(&inn)
-                .arg(&ri)
-                .arg(&stride)
-                .arg(&y_off)
-                .arg(&acc);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    (rows_out as u32).div_ceil(MATVEC_WARPS * MATVEC_OUTS),
-                    n.div_ceil(MATVEC_ROWS) as u32,
-                    1,
-                ),
-                block_dim: (32 * MATVEC_WARPS, 1, 1),
-                shared_mem_bytes: 0,
+                .arg(&mut *y);
+            let cfg = if decode {
+                b.arg(&inn).arg(&ri).arg(&y_off).arg(&acc);
+                LaunchConfig {
+                    grid_dim: (
+                        (rows_out as u32).div_ceil(MATVEC1_WARPS * MATVEC1_OUTS),
+                        1,
+                        1,
+                    ),
+                    block_dim: (32 * MATVEC1_WARPS, 1, 1),
+                    shared_mem_bytes: decode_shared as u32,
+                }
+            } else {
+                b.arg(&ni)
+                    .arg(&inn)
+                    .arg(&ri)
+                    .arg(&stride)
+                    .arg(&y_off)
+                    .arg(&acc);
+                LaunchConfig {
+                    grid_dim: (
+                        (rows_out as u32).div_ceil(MATVEC_WARPS * MATVEC_OUTS),
+                        n.div_ceil(MATVEC_ROWS) as u32,
+                        1,
+                    ),
+                    block_dim: (32 * MATVEC_WARPS, 1, 1),
+                    shared_mem_bytes: 0,
+                }
             };
             // SAFETY: the part holds rows_out rows of row_bytes bytes of `cols` values (a
             // multiple of 32, checked at upload) in its code's format; x holds n × cols, y
-            // n × w.rows; bias w.rows when present.
+            // n × w.rows; bias w.rows when present. A `matvec1` block's shared memory holds
+            // x's chunks at MATVEC1_XSTRIDE floats each, within the limit set at load.
             unsafe { b.launch(cfg) }
                 .map(drop)
-                .map_err(|e| device_error("matvec", e))?;
-            y_off += ri;
-        }
-        Ok(())
-    }
-
-    /// [`matvec`](Self::matvec) of one row, by the `matvec1` kernels (`shared` bytes of x).
-    fn matvec1(
-        &self,
-        w: &DeviceMatrix,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        accumulate: bool,
-        shared: u32,
-    ) -> Result<()> {
-        let inn = w.cols as i32;
-        let acc = i32::from(accumulate);
-        let bias = w.bias.as_ref().map_or(0, |b| self.address(b));
-        let mut y_off = 0i32;
-        for part in &w.parts {
-            let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
-            let ri = rows_out as i32;
-            let mut b = self
-                .stream
-                .launch_builder(&self.k.matvec1[part.code as usize]);
-            b.arg(&part.blocks)
-                .arg(&row_bytes)
-                .arg(x)
-                .arg(&bias)
-                .arg(&mut *y)
-                .arg(&inn)
-                .arg(&ri)
-                .arg(&y_off)
-                .arg(&acc);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    (rows_out as u32).div_ceil(MATVEC1_WARPS * MATVEC1_OUTS),
-                    1,
-                    1,
-                ),
-                block_dim: (32 * MATVEC1_WARPS, 1, 1),
-                shared_mem_bytes: shared,
-            };
-            // SAFETY: as in `matvec`, for one row of x; `shared` holds its chunks at
-            // MATVEC1_XSTRIDE floats each and is within the limit set at load.
-            unsafe { b.launch(cfg) }
-                .map(drop)
-                .map_err(|e| device_error("matvec1", e))?;
+                .map_err(|e| device_error(name, e))?;
             y_off += ri;
         }
         Ok(())

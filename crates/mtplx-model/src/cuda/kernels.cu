@@ -342,13 +342,23 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     const float* row = x + (long long)blockIdx.x * d;
     float* o = out + (long long)blockIdx.x * d;
     float s = 0.0f;
-    // Unrolled so that a thread's loads are all in flight at once (the weights come from
-    // DRAM: one load waited for at a time costs a microsecond each); the sums keep their order.
-#pragma unroll 8
     for (int j = threadIdx.x; j < d; j += blockDim.x) s = __fmaf_rn(row[j], row[j], s);
     float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
-#pragma unroll 8
     for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = row[j] * inv * w[j];
+}
+
+// t plus a chunk's 32 products w[i] · x[i], x at xs (16-byte aligned), in value order:
+// the one order every matvec sums a chunk in.
+__device__ __forceinline__ float chunk_dot(const float* w, const float4* xs, float t) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 b = xs[i];
+        t = __fmaf_rn(w[4 * i], b.x, t);
+        t = __fmaf_rn(w[4 * i + 1], b.y, t);
+        t = __fmaf_rn(w[4 * i + 2], b.z, t);
+        t = __fmaf_rn(w[4 * i + 3], b.w, t);
+    }
+    return t;
 }
 
 // y[r, y_off + o] = x[r] . W[o] (+ bias[y_off + o] unless bias is null) (+ y[r, y_off + o]
@@ -433,19 +443,7 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ W, long long 
                 chunk_values(FMT, W + (long long)(o0 + k) * row_bytes, c, w);
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
-                    if (r < nr) {
-                        const float4* xs = xt + (r * 32 + lane) * (XSTRIDE / 4);
-                        float t = acc[k][r];
-#pragma unroll
-                        for (int i = 0; i < 8; i++) {
-                            float4 b = xs[i];
-                            t = __fmaf_rn(w[4 * i], b.x, t);
-                            t = __fmaf_rn(w[4 * i + 1], b.y, t);
-                            t = __fmaf_rn(w[4 * i + 2], b.z, t);
-                            t = __fmaf_rn(w[4 * i + 3], b.w, t);
-                        }
-                        acc[k][r] = t;
-                    }
+                    if (r < nr) acc[k][r] = chunk_dot(w, xt + (r * 32 + lane) * (XSTRIDE / 4), acc[k][r]);
                 }
             }
         }
@@ -521,16 +519,7 @@ __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long
         for (int k = 0; k < OUTS1; k++) {
             if (o0 + k < rows) {
                 chunk_values(FMT, W + (long long)(o0 + k) * row_bytes, c, w);
-                float t = acc[k];
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float4 b = xc[i];
-                    t = __fmaf_rn(w[4 * i], b.x, t);
-                    t = __fmaf_rn(w[4 * i + 1], b.y, t);
-                    t = __fmaf_rn(w[4 * i + 2], b.z, t);
-                    t = __fmaf_rn(w[4 * i + 3], b.w, t);
-                }
-                acc[k] = t;
+                acc[k] = chunk_dot(w, xc, acc[k]);
             }
         }
     }
