@@ -4,7 +4,9 @@
 # Llama-3-8B-shaped files written there (make-shaped), and each file through mtplx's server
 # (tools/bench/gpu_server.py, plain decoding) for each kernel source in KERNELS (`builtin`,
 # or NAME for DIR/k-NAME.cu through MTPLX_CUDA_KERNELS: the same binary times both in one
-# run; each source's unit tests first, and only the sources that pass them are timed);
+# run; each source's unit tests first, and only the sources that pass them are timed;
+# SOURCE@WEIGHTS runs the server with MTPLX_WEIGHTS=WEIGHTS, e.g. builtin@native for a
+# K-quant file's products with f32 activations);
 # with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz.
 # Results: $OUT/gpu-run.tgz (JSON and server logs) and the printed lines.
 # Knobs: FILES (q4_k_m q4_0), KERNELS (builtin), SIZES (100,400), ROUNDS (2), GEN (64),
@@ -30,23 +32,32 @@ torch.cuda.synchronize(); dt = (time.time() - t) / 10
 print(f"device copy bandwidth (read + write): {2 * x.numel() / dt / 1e12:.2f} TB/s")
 PY
 fi
-# The unit tests for each kernel source: a source that fails them is not timed.
-KERNELS=${KERNELS:-builtin}
-passed=""
-for k in $KERNELS; do
-  if [ "$k" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$k.cu; fi
-  if [ "$DEVICE" != cuda ]; then passed="$passed $k"; continue; fi
-  echo "== unit tests, kernels $k"
-  if MTPLX_CUDA_TESTS=1 "$G/libtest" cuda:: --test-threads 1 > "$W/res/tests-$k.txt" 2>&1; then
-    passed="$passed $k"
-  fi
-  grep "^test \|test result\|panicked\|vs " "$W/res/tests-$k.txt" | head -20
-done
-KERNELS=${passed# }
+# llama.cpp builds (about 5 minutes) while the unit tests run and the files are written.
 if [ "${LLAMA:-0}" = 1 ]; then
   bash tools/bench/build_llama_cuda.sh "$G/llama-src.tar.xz" "$W/llama" &
   llama_build=$!
 fi
+# The unit tests for each kernel source: a source that fails them is not timed.
+KERNELS=${KERNELS:-builtin}
+use_source() {
+  local src=${1%@*}
+  if [ "$src" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$src.cu; fi
+  if [ "$1" != "$src" ]; then export MTPLX_WEIGHTS=${1#*@}; else unset MTPLX_WEIGHTS; fi
+}
+passed=""
+for k in $KERNELS; do
+  src=${k%@*}
+  if [ "$DEVICE" != cuda ]; then passed="$passed $k"; continue; fi
+  if [ ! -f "$W/res/tests-$src.txt" ]; then
+    use_source "$src"
+    echo "== unit tests, kernels $src"
+    MTPLX_CUDA_TESTS=1 "$G/libtest" cuda:: --test-threads 1 > "$W/res/tests-$src.txt" 2>&1
+    echo $? > "$W/res/tests-$src.rc"
+    grep "^test \|test result\|panicked\|vs " "$W/res/tests-$src.txt" | head -20
+  fi
+  [ "$(cat "$W/res/tests-$src.rc")" = 0 ] && passed="$passed $k"
+done
+KERNELS=${passed# }
 for q in ${FILES:-q4_k_m q4_0}; do
   "$G/xtask" make-shaped --shape "${SHAPE:-llama3-8b}" --quant "$q" --seed 1 \
     --tokenizer-from "$G/tok.gguf" --out "$W/$q.gguf" | tail -1
@@ -54,7 +65,9 @@ done
 [ -n "${llama_build:-}" ] && wait "$llama_build"
 for q in ${FILES:-q4_k_m q4_0}; do
   for k in $KERNELS; do
-    if [ "$k" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$k.cu; fi
+    # SOURCE@WEIGHTS only for the K-quant file (Q4_0's default weights are already native).
+    case "$q:$k" in q4_0:*@*) continue ;; esac
+    use_source "$k"
     echo "== $q, kernels $k"
     llama=()
     parts=mtplx

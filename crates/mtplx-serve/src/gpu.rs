@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use mtplx_model::kernels::Activations;
 use mtplx_model::Bundle;
 
 use crate::device::{DeviceError, DeviceModel};
@@ -18,15 +19,18 @@ pub fn open(ordinal: usize) -> Result<String, DeviceError> {
 }
 
 /// Loads the dense model at `path` onto CUDA device `ordinal`, with its text side, and
-/// the MTP head `speculation` asks for, uploaded beside it (none when its depth is 0).
+/// the MTP head `speculation` asks for, uploaded beside it (none when its depth is 0); the
+/// model's products take `activations` (8-bit for Q4_K and Q6_K weights with
+/// [`Activations::Q8`], as the CPU's `--weights native-q8`).
 /// Blocking: reads the weights and uploads them. A hybrid model is refused before the
 /// device is opened.
 pub fn load(
     path: &Path,
     ordinal: usize,
     speculation: &Speculation,
+    activations: Activations,
 ) -> Result<(Bundle, DeviceModel), DeviceError> {
-    imp::load(path, ordinal, speculation)
+    imp::load(path, ordinal, speculation, activations)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -46,6 +50,7 @@ mod imp {
         _: &Path,
         ordinal: usize,
         _: &Speculation,
+        _: mtplx_model::kernels::Activations,
     ) -> Result<(Bundle, DeviceModel), DeviceError> {
         Err(DeviceError::NotBuilt(Device::Cuda(ordinal)))
     }
@@ -83,6 +88,7 @@ mod imp {
         path: &Path,
         ordinal: usize,
         speculation: &Speculation,
+        activations: mtplx_model::kernels::Activations,
     ) -> Result<(Bundle, DeviceModel), DeviceError> {
         let device = Device::Cuda(ordinal);
         let load_error = |e| DeviceError::Load {
@@ -98,7 +104,7 @@ mod imp {
             });
         }
         let (dev, name) = open_device(ordinal)?;
-        let gpu = CudaModel::load(path, dev).map_err(load_error)?;
+        let gpu = CudaModel::load_with(path, dev, activations).map_err(load_error)?;
         let head = match speculation.depth {
             0 => None,
             _ => {
@@ -142,7 +148,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let Err(e) = load(dir.path(), 0, &Speculation::default()) else {
+        let Err(e) = load(dir.path(), 0, &Speculation::default(), Activations::F32) else {
             panic!("a hybrid model was put on a GPU");
         };
         #[cfg(feature = "cuda")]
@@ -161,7 +167,7 @@ mod tests {
     fn a_device_that_does_not_open_is_an_error_not_a_panic() {
         // No machine has device 999: without a driver, without a GPU or with eight, the
         // open fails, and says so.
-        let Err(e) = load(&tiny_llama(), 999, &Speculation::default()) else {
+        let Err(e) = load(&tiny_llama(), 999, &Speculation::default(), Activations::F32) else {
             panic!("device 999 opened");
         };
         #[cfg(feature = "cuda")]

@@ -87,7 +87,14 @@ pub async fn load(config: &Config, path: PathBuf) -> Result<(Bundle, Backend), S
             Ok((Bundle::load(&path, format)?, Backend::Cpu))
         }
         Device::Cuda(ordinal) => {
-            let (bundle, model) = crate::gpu::load(&path, ordinal, &speculation)?;
+            // The products' activations as the CPU would take them (8-bit for K-quant
+            // files unless `--weights` says otherwise): the same numbers on either.
+            let activations = match format {
+                Some(f) => f,
+                None => Bundle::default_format(&path)?,
+            }
+            .activations();
+            let (bundle, model) = crate::gpu::load(&path, ordinal, &speculation, activations)?;
             Ok((bundle, Backend::Device(model)))
         }
     })

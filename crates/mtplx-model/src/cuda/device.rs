@@ -11,13 +11,14 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use super::q8::Q8Kernels;
 use super::source::{
-    compile_source, quietly, source, ATTEND_KEYS, ATTEND_ROWS, ATTEND_THREADS, MATVEC1_OUTS,
-    MATVEC1_WARPS, MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, MAX_SHARED_BYTES,
-    QKV_THREADS, ROW_THREADS,
+    compile_source, quietly, source, Matvec1Shape, ATTEND_KEYS, ATTEND_ROWS, ATTEND_THREADS,
+    MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, MAX_SHARED_BYTES, QKV_THREADS,
+    ROW_THREADS,
 };
 use crate::error::{ModelError, Result};
-use crate::kernels::QuantFormat;
+use crate::kernels::{Activations, QuantFormat};
 use crate::weights::{FileData, FilePart, Linear};
 
 /// Bytes after a weight part's last row on the device, that the kernels' aligned loads may
@@ -39,6 +40,10 @@ struct Kernels {
     /// The most dynamic shared memory a `matvec1` block may use (the device's opt-in
     /// limit): x of up to this many bytes ÷ 4.5 values.
     matvec1_shared: usize,
+    /// How the source in use launches `matvec1`.
+    matvec1_shape: Matvec1Shape,
+    /// The products with 8-bit activations (none in an older source).
+    q8: Option<Q8Kernels>,
     silu_mul: CudaFunction,
     qkv_post: CudaFunction,
     attend: CudaFunction,
@@ -82,7 +87,9 @@ impl CudaDevice {
             .map_err(|e| device_error("compute capability", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown".into());
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-        let ptx = Ptx::from_src(compile_source(&source()?, arch)?);
+        let source = source()?;
+        let matvec1_shape = Matvec1Shape::of(&source)?;
+        let ptx = Ptx::from_src(compile_source(&source, arch)?);
         let module = ctx
             .load_module(ptx)
             .map_err(|e| device_error("load the kernels", e))?;
@@ -109,6 +116,7 @@ impl CudaDevice {
             )
             .map_err(|e| device_error("matvec1 shared memory", e))?;
         }
+        let q8 = Q8Kernels::load(&module, matvec1_shared)?;
         let k = Kernels {
             embed: f("embed")?,
             rms_norm: f("rms_norm")?,
@@ -117,6 +125,8 @@ impl CudaDevice {
                 .collect::<Result<_>>()?,
             matvec1,
             matvec1_shared: matvec1_shared as usize,
+            matvec1_shape,
+            q8,
             silu_mul: f("silu_mul")?,
             qkv_post: f("qkv_post")?,
             attend: f("attend")?,
@@ -324,6 +334,35 @@ impl CudaDevice {
         for part in &w.parts {
             let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
             let ri = rows_out as i32;
+            // With 8-bit activations, a part of a format the 8-bit kernels take goes to them
+            // at every row count (so a row's result still does not depend on it).
+            let q8 = match (&self.k.q8, w.activations) {
+                (Some(q8), Activations::Q8) => {
+                    q8.launch(part.code, rows_out, w.cols, n, self.k.matvec1_shared)
+                }
+                _ => None,
+            };
+            if let Some((func, cfg)) = q8 {
+                let mut b = self.stream.launch_builder(func);
+                b.arg(&part.blocks)
+                    .arg(&row_bytes)
+                    .arg(x)
+                    .arg(&bias)
+                    .arg(&mut *y)
+                    .arg(&ni)
+                    .arg(&inn)
+                    .arg(&ri)
+                    .arg(&stride)
+                    .arg(&y_off)
+                    .arg(&acc);
+                // SAFETY: as below; the 8-bit kernels take the `matvec_F` arguments, and
+                // their shared memory (sized by `launch`) is within the limit set at load.
+                unsafe { b.launch(cfg) }
+                    .map(drop)
+                    .map_err(|e| device_error("matvecq", e))?;
+                y_off += ri;
+                continue;
+            }
             let mut b = self.stream.launch_builder(&kernels[part.code as usize]);
             b.arg(&part.blocks)
                 .arg(&row_bytes)
@@ -332,13 +371,10 @@ impl CudaDevice {
                 .arg(&mut *y);
             let cfg = if decode {
                 b.arg(&inn).arg(&ri).arg(&y_off).arg(&acc);
+                let Matvec1Shape { outs, warps } = self.k.matvec1_shape;
                 LaunchConfig {
-                    grid_dim: (
-                        (rows_out as u32).div_ceil(MATVEC1_WARPS * MATVEC1_OUTS),
-                        1,
-                        1,
-                    ),
-                    block_dim: (32 * MATVEC1_WARPS, 1, 1),
+                    grid_dim: ((rows_out as u32).div_ceil(warps * outs), 1, 1),
+                    block_dim: (32 * warps, 1, 1),
                     shared_mem_bytes: decode_shared as u32,
                 }
             } else {
@@ -585,6 +621,9 @@ impl AttendParts {
 /// bias of all its rows.
 pub(crate) struct DeviceMatrix {
     pub(crate) parts: Vec<DevicePart>,
+    /// What its products do with their activations ([`Activations::Q8`]: the parts of a
+    /// format the 8-bit kernels take round them, see `q8.rs`).
+    pub(crate) activations: Activations,
     pub(crate) bias: Option<CudaSlice<f32>>,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
@@ -653,9 +692,16 @@ impl DeviceMatrix {
         Self::from_parts(dev, vec![part], bias)
     }
 
-    /// The weight as the file stores it, part by part ([`Linear::file_parts`]).
-    pub(crate) fn from_linear(dev: &CudaDevice, l: &Linear) -> Result<Self> {
-        Self::from_parts(dev, l.file_parts()?, l.bias().as_deref())
+    /// The weight as the file stores it, part by part ([`Linear::file_parts`]), its
+    /// products taking `activations`.
+    pub(crate) fn from_linear(
+        dev: &CudaDevice,
+        l: &Linear,
+        activations: Activations,
+    ) -> Result<Self> {
+        let mut m = Self::from_parts(dev, l.file_parts()?, l.bias().as_deref())?;
+        m.activations = activations;
+        Ok(m)
     }
 
     pub(crate) fn from_parts(
@@ -717,6 +763,7 @@ impl DeviceMatrix {
         }
         Ok(DeviceMatrix {
             parts: out,
+            activations: Activations::F32,
             bias: bias.map(|b| dev.upload(b)).transpose()?,
             rows,
             cols,

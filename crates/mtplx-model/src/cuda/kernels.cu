@@ -496,6 +496,8 @@ MATVEC(10)
 // multiprocessor to keep loads in flight. Dynamic shared memory: 36 · in / 32 floats.
 // `MATVEC1_OUTS` in source.rs sizes the launches by OUTS1.
 #define OUTS1 4
+// Warps of a matvec1 block (its launch bounds; `MATVEC1_WARPS` in source.rs).
+#define MATVEC1_WARPS 8
 template <int FMT>
 __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long row_bytes,
                                              const float* __restrict__ x,
@@ -537,7 +539,7 @@ __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long
 }
 
 #define MATVEC1(F)                                                                         \
-    extern "C" __global__ void __launch_bounds__(256) matvec1_##F(                          \
+    extern "C" __global__ void __launch_bounds__(32 * MATVEC1_WARPS) matvec1_##F(           \
         const u8* W, long long row_bytes, const float* x, const float* bias, float* y,       \
         int in, int rows, int y_off, int accumulate) {                                       \
         matvec1_body<F>(W, row_bytes, x, bias, y, in, rows, y_off, accumulate);              \
@@ -553,6 +555,247 @@ MATVEC1(7)
 MATVEC1(8)
 MATVEC1(9)
 MATVEC1(10)
+
+// 8-bit activations (the CPU's `Activations::Q8`, WeightFormat::NativeQ8): the products of
+// Q4_K and Q6_K weights with x rounded to 8 bits per block of 256, as mtplx_kernels::q8
+// rounds it: amax the block's largest magnitude, d = amax / 127, q = rint(x · (127 / amax))
+// (0 where amax is 0), and the sums of each 16 consecutive q. The weights' integers times
+// those q are summed exactly (dp4a), and each output is one float accumulator updated once
+// per block of 256 inputs, in input order: Q4_K acc = fma(float(Σ sc Σ q x), d · dx, acc),
+// then acc = fma(float(Σ min Σ x), dmin · (−dx), acc); Q6_K acc = fma(float(Σ sc (Σ q x −
+// 32 Σ x)), d · dx, acc). These are the CPU kernel's operations, so a product gives its bits,
+// whatever rows share the launch.
+//
+// A block rounds its rows of x into shared memory itself (no launch or buffer of its own):
+// half blocks of 128 values QHALF bytes apart, so that the eight lanes of a quarter warp,
+// reading 16 bytes of eight consecutive half blocks, hit distinct banks. A warp computes
+// QOUTS outputs; lane l takes half l & 1 of block 16 i + l / 2 (i = 0, 1, ...), its exact
+// integer sums for each output and row are added to its neighbour's, and the even lanes
+// leave each block's two (Q6_K: one) products and scales in the warp's slots; then lane
+// k < QOUTS · NR runs output k / NR, row k % NR's chain over the 16 blocks, in order.
+#define QHALF 144
+#define QOUTS 2
+#define QROWS 4
+#define QWARPS 8
+
+// Rows 0 .. nr - 1 of x (rows of `in` values, in a multiple of 256) rounded into sq (int8
+// values, half blocks QHALF bytes apart), sd (each block's d) and ss (each 16 values' sum).
+__device__ __forceinline__ void q8k_round(const float* __restrict__ x, int in, int nr,
+                                          signed char* sq, float* sd, int* ss) {
+    int nb = in >> 8, warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = warp; t < nr * nb; t += warps) {
+        int r = t / nb, b = t - r * nb;
+        const float4* xs = reinterpret_cast<const float4*>(x + (long long)r * in + 256 * b + 8 * lane);
+        float4 a = xs[0], c = xs[1];
+        float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        // The largest magnitude as bits: non-negative floats order as their bits do.
+        unsigned m = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) m = max(m, __float_as_uint(v[i]) & 0x7FFFFFFFu);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(FULL_MASK, m, o));
+        float amax = __uint_as_float(m), d = 0.0f, id = 0.0f;
+        if (amax != 0.0f) {
+            d = __fdiv_rn(amax, 127.0f);
+            id = __fdiv_rn(127.0f, amax);
+        }
+        unsigned w[2] = {0u, 0u};
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int q = __float2int_rn(__fmul_rn(v[i], id));
+            s += q;
+            w[i >> 2] |= ((unsigned)q & 0xFFu) << (8 * (i & 3));
+        }
+        // Values 8 lane .. 8 lane + 7: half lane / 16 of the block.
+        *reinterpret_cast<uint2*>(sq + (r * (in >> 7) + 2 * b + (lane >> 4)) * QHALF + 8 * (lane & 15)) =
+            make_uint2(w[0], w[1]);
+        s += __shfl_xor_sync(FULL_MASK, s, 1);
+        if ((lane & 1) == 0) ss[r * (in >> 4) + 16 * b + (lane >> 1)] = s;
+        if (lane == 0) sd[r * nb + b] = d;
+    }
+}
+
+// The 32 words (128 values) of half block q of rounded row r.
+__device__ __forceinline__ void q8_half(const signed char* sq, int in, int r, int q, int* xw) {
+    const int4* p = reinterpret_cast<const int4*>(sq + (r * (in >> 7) + q) * QHALF);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int4 v = p[i];
+        xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w;
+    }
+}
+
+// Half h of block b of a weight row at `row` against rows 0 .. nr - 1 of the rounded x:
+// the exact integer sums tot[r] (and, Q4_K, mins[r]); the block's two float scales in
+// *d and *dm (Q6_K: *dm unused).
+template <int FMT, int NR>
+__device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, int h, int nr,
+                                             const signed char* sq, const int* ss, int in,
+                                             int* tot, int* mins, float* d, float* dm) {
+    int xw[32];
+    if (FMT == FMT_Q4K) {
+        const u8* blk = row + 144 * b;
+        uint4 hdr = *reinterpret_cast<const uint4*>(blk);
+        half_pair(hdr.x, d, dm);
+        unsigned scw[3] = {hdr.y, hdr.z, hdr.w};
+        // get_scale_min_k4 for sub-blocks 4h .. 4h + 3 (bytes named at compile time).
+        int sc[4], mn[4];
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            unsigned lo = byte_of(scw, s), mid = byte_of(scw, s + 4), hi = byte_of(scw, s + 8);
+            sc[s] = h == 0 ? (int)(lo & 63) : (int)((hi & 0xF) | ((lo >> 6) << 4));
+            mn[s] = h == 0 ? (int)(mid & 63) : (int)((hi >> 4) | ((mid >> 6) << 4));
+        }
+        unsigned qw[16];
+        words32_aligned(blk + 16 + 64 * h, qw);
+        words32_aligned(blk + 48 + 64 * h, qw + 8);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r >= nr) break;
+            q8_half(sq, in, r, 2 * b + h, xw);
+            int dot[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                dot[0] = __dp4a((int)(qw[i] & 0x0F0F0F0Fu), xw[i], dot[0]);
+                dot[1] = __dp4a((int)((qw[i] >> 4) & 0x0F0F0F0Fu), xw[8 + i], dot[1]);
+                dot[2] = __dp4a((int)(qw[8 + i] & 0x0F0F0F0Fu), xw[16 + i], dot[2]);
+                dot[3] = __dp4a((int)((qw[8 + i] >> 4) & 0x0F0F0F0Fu), xw[24 + i], dot[3]);
+            }
+            const int* s16 = ss + r * (in >> 4) + 16 * b + 8 * h;
+            int t = 0, m = 0;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                t += sc[s] * dot[s];
+                m += mn[s] * (s16[2 * s] + s16[2 * s + 1]);
+            }
+            tot[r] = t;
+            mins[r] = m;
+        }
+    } else {
+        // Q6_K: 210 bytes a block (2-byte aligned): ql[128], qh[64], scales[16] (i8), d.
+        const u8* blk = row + 210 * b;
+        unsigned ql[16], qh[8], scw[4];
+        words_at<16>(blk + 64 * h, ql);
+        words_at<8>(blk + 128 + 32 * h, qh);
+        words_at<2>(blk + 192 + 8 * h, scw);
+        *d = half_bits(u16_at(blk + 208));
+        // Value word i of each 32-value quarter: l = 4i.., l + 32, l + 64, l + 96.
+        unsigned v[32];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            v[i] = (ql[i] & 0x0F0F0F0Fu) | ((qh[i] & 0x03030303u) << 4);
+            v[8 + i] = (ql[8 + i] & 0x0F0F0F0Fu) | (((qh[i] >> 2) & 0x03030303u) << 4);
+            v[16 + i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> 4) & 0x03030303u) << 4);
+            v[24 + i] = ((ql[8 + i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> 6) & 0x03030303u) << 4);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r >= nr) break;
+            q8_half(sq, in, r, 2 * b + h, xw);
+            const int* s16 = ss + r * (in >> 4) + 16 * b + 8 * h;
+            int t = 0;
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                int dot = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) dot = __dp4a((int)v[4 * m + i], xw[4 * m + i], dot);
+                int sc = (int)(signed char)byte_of(scw, m);
+                t += sc * (dot - 32 * s16[m]);
+            }
+            tot[r] = t;
+        }
+    }
+}
+
+// y[r, y_off + o] = x[r] . W[o] (+ bias) (+ y when accumulating) with x rounded to 8 bits,
+// for rows r0 .. r0 + NR - 1 (blockIdx.y) of x. Dynamic shared memory: NR rows of rounded x
+// (in / 128 · QHALF bytes a row), their sums (in / 16 words a row), their scales (in / 256
+// words a row, rounded up to 4 words), then 16 float4 slots for each of a warp's QOUTS · NR
+// chains.
+template <int FMT, int NR>
+__device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long long row_bytes,
+                                               const float* __restrict__ x,
+                                               const float* __restrict__ bias, float* y, int n,
+                                               int in, int rows, int y_stride, int y_off,
+                                               int accumulate) {
+    extern __shared__ int4 qsh[];
+    int r0 = blockIdx.y * NR, nr = min(NR, n - r0);
+    int nb = in >> 8;
+    signed char* sq = reinterpret_cast<signed char*>(qsh);
+    int* ss = reinterpret_cast<int*>(sq + NR * (in >> 7) * QHALF);
+    float* sd = reinterpret_cast<float*>(ss + NR * (in >> 4));
+    float4* slots = reinterpret_cast<float4*>(sd + ((NR * nb + 3) & ~3));
+    q8k_round(x + (long long)r0 * in, in, nr, sq, sd, ss);
+    __syncthreads();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * QOUTS;
+    if (o0 >= rows) return;
+    float4* my = slots + warp * (QOUTS * NR * 16);
+    int j = lane >> 1, h = lane & 1;
+    // Lane k's chain: output o0 + k / NR, row k % NR.
+    int kc = lane / NR, rc = lane % NR;
+    float acc = 0.0f;
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        int b = b0 + j;
+#pragma unroll
+        for (int k = 0; k < QOUTS; k++) {
+            int tot[NR], mins[NR];
+            float d = 0.0f, dm = 0.0f;
+#pragma unroll
+            for (int r = 0; r < NR; r++) tot[r] = mins[r] = 0;
+            if (b < nb && o0 + k < rows)
+                q8_half_sums<FMT, NR>(W + (long long)(o0 + k) * row_bytes, b, h, nr, sq, ss, in,
+                                      tot, mins, &d, &dm);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                int t = tot[r] + __shfl_xor_sync(FULL_MASK, tot[r], 1);
+                int m = mins[r] + __shfl_xor_sync(FULL_MASK, mins[r], 1);
+                if (h == 0 && b < nb) {
+                    float dx = sd[r * nb + b];
+                    my[(k * NR + r) * 16 + j] =
+                        make_float4(__int2float_rn(t), __fmul_rn(d, dx), __int2float_rn(m), __fmul_rn(dm, -dx));
+                }
+            }
+        }
+        __syncwarp();
+        if (kc < QOUTS && o0 + kc < rows && rc < nr) {
+            int blocks = min(16, nb - b0);
+            const float4* s = my + lane * 16;
+            for (int i = 0; i < blocks; i++) {
+                float4 e = s[i];
+                acc = __fmaf_rn(e.x, e.y, acc);
+                if (FMT == FMT_Q4K) acc = __fmaf_rn(e.z, e.w, acc);
+            }
+        }
+        __syncwarp();
+    }
+    if (kc < QOUTS && rc < nr) {
+        int o = o0 + kc;
+        if (o < rows) {
+            float t = acc;
+            if (bias) t = t + bias[y_off + o];
+            float* dst = y + (long long)(r0 + rc) * y_stride + y_off + o;
+            *dst = accumulate ? *dst + t : t;
+        }
+    }
+}
+
+#define MATVEC_Q8(F)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvecq_##F(                   \
+        const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
+        int in, int rows, int y_stride, int y_off, int accumulate) {                         \
+        matvec_q8_body<F, QROWS>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,     \
+                                 accumulate);                                                \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvec1q_##F(                  \
+        const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
+        int in, int rows, int y_stride, int y_off, int accumulate) {                         \
+        matvec_q8_body<F, 1>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,         \
+                             accumulate);                                                    \
+    }
+MATVEC_Q8(8)
+MATVEC_Q8(10)
 
 // Splits fused QKV rows ([n, qd + 2 kvd]), norms each Q and K head by its RMS (Qwen3's
 // per-head norms, when `qn` is given), rotates Q and K (RoPE at positions pos0 + r), writes Q

@@ -20,6 +20,7 @@ mod device;
 mod model;
 mod mtp;
 mod pass;
+mod q8;
 mod source;
 #[cfg(test)]
 mod tests;

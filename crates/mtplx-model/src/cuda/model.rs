@@ -13,6 +13,7 @@ use super::pass::{fit, launch_layer, run_pass, Layer, Scratch};
 use crate::config::Dims;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
+use crate::kernels::Activations;
 use crate::model::{Embedding, ForwardOutput, LanguageModel, Model, Want};
 use crate::weights::WeightFormat;
 
@@ -47,7 +48,19 @@ impl CudaModel {
     /// Loads a dense (Llama / Qwen2 / Qwen3) GGUF file or Hugging Face folder onto `dev`,
     /// each weight in its file's own blocks (see [`CudaModel::from_model`]).
     pub fn load(path: &Path, dev: Arc<CudaDevice>) -> Result<Self> {
-        Self::from_model(&Model::load(path, WeightFormat::Quantized)?, dev)
+        Self::load_with(path, dev, Activations::F32)
+    }
+
+    /// [`CudaModel::load`] with the model's products taking `activations`
+    /// ([`WeightFormat::activations`]: [`Activations::Q8`] for what the CPU runs as
+    /// [`WeightFormat::NativeQ8`], the default for K-quant files). The MTP head's products
+    /// keep `f32` activations.
+    pub fn load_with(path: &Path, dev: Arc<CudaDevice>, activations: Activations) -> Result<Self> {
+        Self::from_model_with(
+            &Model::load(path, WeightFormat::Quantized)?,
+            dev,
+            activations,
+        )
     }
 
     /// Uploads `model`'s weights to `dev`. A model loaded with [`WeightFormat::Quantized`]
@@ -55,9 +68,18 @@ impl CudaModel {
     /// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; F32, F16, BF16); weights in another form (the native
     /// kernels' tiles, types without a device format) go up as `f32` values.
     pub fn from_model(model: &Model, dev: Arc<CudaDevice>) -> Result<Self> {
+        Self::from_model_with(model, dev, Activations::F32)
+    }
+
+    /// [`CudaModel::from_model`] with the model's products taking `activations`.
+    pub fn from_model_with(
+        model: &Model,
+        dev: Arc<CudaDevice>,
+        activations: Activations,
+    ) -> Result<Self> {
         let c = model.config().clone();
         let (h, v) = (c.hidden_size, c.vocab_size);
-        let matrix = |l: &crate::Linear| DeviceMatrix::from_linear(&dev, l);
+        let matrix = |l: &crate::Linear| DeviceMatrix::from_linear(&dev, l, activations);
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
             let qk_norm = match (&l.q_norm, &l.k_norm) {

@@ -23,7 +23,9 @@ pub(super) const MATVEC_WARPS: u32 = 8;
 pub(super) const MATVEC_OUTS: u32 = 2;
 /// Rows a matvec block computes per pass over its weights (`ROWS` in the source).
 pub(super) const MATVEC_ROWS: usize = 8;
-/// Warps of a decode step's matvec block (`matvec1_F`, 256 threads in its launch bounds).
+/// Warps of a decode step's matvec block (`MATVEC1_WARPS` in the source, which sets
+/// `matvec1_F`'s launch bounds). A source given to `MTPLX_CUDA_KERNELS` may set its own
+/// (see [`Matvec1Shape`]).
 pub(super) const MATVEC1_WARPS: u32 = 8;
 /// Outputs a decode step's matvec warp computes (`OUTS1` in the source). With four, the
 /// same files decode at 109.9 / 93.5 (Q4_K_M) and 159.9 / 124.4 (Q4_0) tok/s on an H100,
@@ -31,6 +33,42 @@ pub(super) const MATVEC1_WARPS: u32 = 8;
 /// small launches (Q, K, V; the output and down projections: 128-192 blocks) keep only
 /// 12-17% of the warps a multiprocessor holds busy, at 0.4-0.5 TB/s: the next step.
 pub(super) const MATVEC1_OUTS: u32 = 4;
+/// How a source's decode matvec (`matvec1_F`) is launched: its `OUTS1` and
+/// `MATVEC1_WARPS`, read from the source being compiled, so that a kernel developer's source
+/// (`MTPLX_CUDA_KERNELS`) with other values is launched by its own (the built-in source's
+/// are [`MATVEC1_OUTS`] and [`MATVEC1_WARPS`], a test holds them equal). A source that does
+/// not define them gets the built-in values (those older sources were written for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Matvec1Shape {
+    pub outs: u32,
+    pub warps: u32,
+}
+
+impl Matvec1Shape {
+    pub(super) fn of(source: &str) -> Result<Matvec1Shape> {
+        let read = |name: &str, default: u32| match define(source, name) {
+            None => Ok(default),
+            Some(Ok(v)) if (1..=32).contains(&v) => Ok(v as u32),
+            _ => Err(ModelError::Device(format!(
+                "the kernels' source: #define {name} is not a number from 1 to 32"
+            ))),
+        };
+        Ok(Matvec1Shape {
+            outs: read("OUTS1", MATVEC1_OUTS)?,
+            warps: read("MATVEC1_WARPS", MATVEC1_WARPS)?,
+        })
+    }
+}
+
+/// The value of the first `#define NAME v` in `source` (`None` where there is none).
+fn define(source: &str, name: &str) -> Option<std::result::Result<usize, std::num::ParseIntError>> {
+    let prefix = format!("#define {name} ");
+    source
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse::<usize>())
+}
+
 /// Floats of shared memory a chunk of x takes in a decode step's matvec (`XSTRIDE`).
 pub(super) const MATVEC1_XSTRIDE: usize = 36;
 /// Threads of an attention block.
@@ -122,6 +160,37 @@ mod tests {
         v
     }
 
+    /// A source's own decode launch shape is read from it; one without the defines gets
+    /// the built-in shape; a nonsense value is an error, not a launch.
+    #[test]
+    fn a_source_is_launched_by_its_own_matvec1_shape() {
+        let builtin = Matvec1Shape::of(SOURCE).unwrap();
+        assert_eq!(
+            builtin,
+            Matvec1Shape {
+                outs: MATVEC1_OUTS,
+                warps: MATVEC1_WARPS
+            }
+        );
+        let other = SOURCE
+            .replace("#define OUTS1 4", "#define OUTS1 1")
+            .replace("#define MATVEC1_WARPS 8", "#define MATVEC1_WARPS 16");
+        assert_eq!(
+            Matvec1Shape::of(&other).unwrap(),
+            Matvec1Shape { outs: 1, warps: 16 }
+        );
+        let older: String = SOURCE
+            .lines()
+            .filter(|l| !l.starts_with("#define OUTS1") && !l.starts_with("#define MATVEC1_WARPS"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(Matvec1Shape::of(&older).unwrap(), builtin);
+        for bad in ["#define OUTS1 0", "#define OUTS1 x", "#define OUTS1 64"] {
+            let src = SOURCE.replace("#define OUTS1 4", bad);
+            assert!(Matvec1Shape::of(&src).is_err(), "{bad}");
+        }
+    }
+
     /// The launches size their grids by the source's constants: a kernel computing more
     /// outputs a warp, rows a block or keys a part than its launch assumes would leave
     /// outputs unwritten (or write past them), silently, on a device only. This holds the
@@ -133,7 +202,16 @@ mod tests {
         assert_eq!(define("KEYS"), ATTEND_KEYS, "KEYS");
         assert_eq!(define("OUTS1"), MATVEC1_OUTS as usize, "OUTS1");
         assert_eq!(define("XSTRIDE"), MATVEC1_XSTRIDE, "XSTRIDE");
-        assert!(SOURCE.contains("__launch_bounds__(256) matvec1_"));
-        assert_eq!(MATVEC1_WARPS, 8, "matvec1's launch bounds are 256 threads");
+        assert_eq!(
+            define("MATVEC1_WARPS"),
+            MATVEC1_WARPS as usize,
+            "MATVEC1_WARPS"
+        );
+        assert!(SOURCE.contains("__launch_bounds__(32 * MATVEC1_WARPS) matvec1_"));
+        use super::super::q8::{QHALF, QOUTS, QROWS, QWARPS};
+        assert_eq!(define("QHALF"), QHALF, "QHALF");
+        assert_eq!(define("QOUTS"), QOUTS as usize, "QOUTS");
+        assert_eq!(define("QROWS"), QROWS, "QROWS");
+        assert_eq!(define("QWARPS"), QWARPS as usize, "QWARPS");
     }
 }

@@ -9,7 +9,7 @@ use mtplx_kv::{KvCache, KvShape};
 
 use super::cache::CudaKvCache;
 use super::device::{AttendParts, CudaDevice, DeviceMatrix};
-use crate::kernels::{QuantFormat, QuantMatrix};
+use crate::kernels::{Activations, QuantFormat, QuantMatrix};
 use crate::weights::{FileData, FilePart};
 
 fn device() -> Option<Arc<CudaDevice>> {
@@ -176,6 +176,61 @@ fn products_over_every_format_are_right_and_row_invariant() {
         let mut one = vec![0f32; rows];
         dev.read(&y1, 0, &mut one).unwrap();
         assert_eq!(one, all[(n - 1) * rows..], "{format:?} {cols} wide");
+    }
+}
+
+/// With 8-bit activations, Q4_K and Q6_K products are the CPU's `Activations::Q8` products
+/// bit for bit, a row alone or among others: widths of 3 blocks of 256 and of 17 (a warp
+/// takes 16 a step: a whole step and a partial one), 70 outputs (partial warps and blocks),
+/// a row with an all-zero block of inputs and one with a block of tiny values.
+#[test]
+fn eight_bit_products_are_the_cpus_bit_for_bit() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(23);
+    let (rows, n) = (70, 6);
+    for format in [QuantFormat::Q4K, QuantFormat::Q6K] {
+        for cols in [768, 17 * 256] {
+            let bytes = random_blocks(format, rows, cols, &mut rng);
+            let host =
+                QuantMatrix::from_gguf_bytes_with(format, &bytes, rows, cols, Activations::Q8)
+                    .unwrap();
+            assert_eq!(host.activations(), Activations::Q8);
+            let mut m = matrix(&dev, format, &bytes, rows, cols);
+            m.activations = Activations::Q8;
+            let mut x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+            x[cols + 256..cols + 512].fill(0.0);
+            for v in &mut x[2 * cols..2 * cols + 256] {
+                *v *= 1e-30;
+            }
+            let mut want = vec![0f32; n * rows];
+            host.matmul(&x, n, &mut want);
+            let xd = dev.upload(&x).unwrap();
+            let mut y = dev.zeros::<f32>(n * rows).unwrap();
+            dev.matvec(&m, &xd, &mut y, n, false).unwrap();
+            let mut got = vec![0f32; n * rows];
+            dev.read(&y, 0, &mut got).unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{format:?} {cols} wide, row {} out {}: {a} vs {b}",
+                    i / rows,
+                    i % rows
+                );
+            }
+            for r in 0..n {
+                let one = dev.upload(&x[r * cols..(r + 1) * cols]).unwrap();
+                let mut y1 = dev.zeros::<f32>(rows).unwrap();
+                dev.matvec(&m, &one, &mut y1, 1, false).unwrap();
+                let mut alone = vec![0f32; rows];
+                dev.read(&y1, 0, &mut alone).unwrap();
+                assert_eq!(
+                    alone,
+                    want[r * rows..(r + 1) * rows],
+                    "{format:?} {cols} row {r}"
+                );
+            }
+        }
     }
 }
 
