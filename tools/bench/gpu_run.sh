@@ -7,7 +7,9 @@
 # run; each source's unit tests first, and only the sources that pass them are timed;
 # SOURCE@WEIGHTS runs the server with MTPLX_WEIGHTS=WEIGHTS, e.g. builtin@native for a
 # K-quant file's products with f32 activations);
-# with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz.
+# with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz; with
+# RETURNING=1 the returning conversation (gpu_server.py's "returning" part) for the first
+# source too.
 # Results: $OUT/gpu-run.tgz (JSON and server logs) and the printed lines.
 # Knobs: FILES (q4_k_m q4_0), KERNELS (builtin), SIZES (100,400), ROUNDS (2), GEN (64),
 # DEVICE (cuda; cpu tries the script on a machine without a GPU with SHAPE=tiny).
@@ -71,8 +73,11 @@ for q in ${FILES:-q4_k_m q4_0}; do
     echo "== $q, kernels $k"
     llama=()
     parts=mtplx
+    if [ "${RETURNING:-0}" = 1 ] && [ "$k" = "${KERNELS%% *}" ]; then
+      parts=$parts,returning
+    fi
     if [ "${LLAMA:-0}" = 1 ] && [ "$k" = "${KERNELS%% *}" ]; then
-      llama=(--llama "$W/llama/build/bin/llama-server"); parts=mtplx,llama
+      llama=(--llama "$W/llama/build/bin/llama-server"); parts=$parts,llama
     fi
     python3 tools/bench/gpu_server.py --mtplx "$G/mtplx-serve" "${llama[@]}" --device "$DEVICE" \
       --model "$W/$q.gguf" --work "$W/$q-$k" --parts "$parts" --modes ar \

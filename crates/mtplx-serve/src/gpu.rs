@@ -167,7 +167,12 @@ mod tests {
     fn a_device_that_does_not_open_is_an_error_not_a_panic() {
         // No machine has device 999: without a driver, without a GPU or with eight, the
         // open fails, and says so.
-        let Err(e) = load(&tiny_llama(), 999, &Speculation::default(), Activations::F32) else {
+        let Err(e) = load(
+            &tiny_llama(),
+            999,
+            &Speculation::default(),
+            Activations::F32,
+        ) else {
             panic!("device 999 opened");
         };
         #[cfg(feature = "cuda")]

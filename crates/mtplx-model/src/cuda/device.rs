@@ -13,9 +13,8 @@ use cudarc::nvrtc::Ptx;
 
 use super::q8::Q8Kernels;
 use super::source::{
-    compile_source, quietly, source, Matvec1Shape, ATTEND_KEYS, ATTEND_ROWS, ATTEND_THREADS,
-    MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, MAX_SHARED_BYTES, QKV_THREADS,
-    ROW_THREADS,
+    compile_source, quietly, source, LaunchShape, ATTEND_KEYS, ATTEND_ROWS, MATVEC1_XSTRIDE,
+    MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, MAX_SHARED_BYTES, QKV_THREADS, ROW_THREADS,
 };
 use crate::error::{ModelError, Result};
 use crate::kernels::{Activations, QuantFormat};
@@ -40,8 +39,8 @@ struct Kernels {
     /// The most dynamic shared memory a `matvec1` block may use (the device's opt-in
     /// limit): x of up to this many bytes ÷ 4.5 values.
     matvec1_shared: usize,
-    /// How the source in use launches `matvec1`.
-    matvec1_shape: Matvec1Shape,
+    /// How the source in use launches `matvec1` and attention.
+    shape: LaunchShape,
     /// The products with 8-bit activations (none in an older source).
     q8: Option<Q8Kernels>,
     silu_mul: CudaFunction,
@@ -88,7 +87,7 @@ impl CudaDevice {
         let name = ctx.name().unwrap_or_else(|_| "unknown".into());
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
         let source = source()?;
-        let matvec1_shape = Matvec1Shape::of(&source)?;
+        let shape = LaunchShape::of(&source)?;
         let ptx = Ptx::from_src(compile_source(&source, arch)?);
         let module = ctx
             .load_module(ptx)
@@ -125,7 +124,7 @@ impl CudaDevice {
                 .collect::<Result<_>>()?,
             matvec1,
             matvec1_shared: matvec1_shared as usize,
-            matvec1_shape,
+            shape,
             q8,
             silu_mul: f("silu_mul")?,
             qkv_post: f("qkv_post")?,
@@ -371,7 +370,7 @@ impl CudaDevice {
                 .arg(&mut *y);
             let cfg = if decode {
                 b.arg(&inn).arg(&ri).arg(&y_off).arg(&acc);
-                let Matvec1Shape { outs, warps } = self.k.matvec1_shape;
+                let LaunchShape { outs, warps, .. } = self.k.shape;
                 LaunchConfig {
                     grid_dim: ((rows_out as u32).div_ceil(warps * outs), 1, 1),
                     block_dim: (32 * warps, 1, 1),
@@ -480,8 +479,8 @@ impl CudaDevice {
     }
 
     /// Shared memory of an attention part's block.
-    fn attend_shared_bytes(head_dim: usize) -> Result<u32> {
-        let warps = (ATTEND_THREADS / 32) as usize;
+    fn attend_shared_bytes(&self, head_dim: usize) -> Result<u32> {
+        let warps = self.k.shape.attend_warps as usize;
         if !head_dim.is_multiple_of(4) {
             return Err(ModelError::Device(format!(
                 "heads of {head_dim} values: the CUDA backend needs a multiple of 4"
@@ -516,7 +515,7 @@ impl CudaDevice {
         max_len: usize,
     ) -> Result<()> {
         let (qh, kvh, hd) = heads;
-        let shared = Self::attend_shared_bytes(hd)?;
+        let shared = self.attend_shared_bytes(hd)?;
         let count = max_len.div_ceil(ATTEND_KEYS);
         let (qhi, kvhi, hdi) = (qh as i32, kvh as i32, hd as i32);
         let (li, pi) = (layer as i32, count as i32);
@@ -540,7 +539,7 @@ impl CudaDevice {
                 .arg(&pi);
             let cfg = LaunchConfig {
                 grid_dim: (rows_now as u32, qh as u32, count as u32),
-                block_dim: (ATTEND_THREADS, 1, 1),
+                block_dim: (32 * self.k.shape.attend_warps, 1, 1),
                 shared_mem_bytes: shared,
             };
             // SAFETY: q and out hold n × qh × hd; the caches hold pos0 + n rows of kvh × hd

@@ -495,9 +495,9 @@ MATVEC(10)
 // registers across rows and no row block, it needs few registers, so more warps fit on a
 // multiprocessor to keep loads in flight. Dynamic shared memory: 36 · in / 32 floats.
 // `MATVEC1_OUTS` in source.rs sizes the launches by OUTS1.
-#define OUTS1 4
+#define OUTS1 1
 // Warps of a matvec1 block (its launch bounds; `MATVEC1_WARPS` in source.rs).
-#define MATVEC1_WARPS 8
+#define MATVEC1_WARPS 16
 template <int FMT>
 __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long row_bytes,
                                              const float* __restrict__ x,
@@ -860,6 +860,12 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
 // context's keys spread over many blocks. Where the parts fall depends only on positions, so
 // a query row's result does not depend on which rows share its launch.
 #define KEYS 256
+// Warps of an attention block (`ATTEND_WARPS` in source.rs) and the keys a warp scores at a
+// time (each lane's loads of them in flight together). Neither changes a key's score; the
+// warps' runs of the weighted sum of V (and the order their sums are added in) follow the
+// warp count, fixed per source.
+#define ATTEND_WARPS 4
+#define ATTEND_INFLIGHT 4
 
 // Part s of the causal attention of query row r0 + blockIdx.x (q: [n, qh, hd]; cache row
 // row0 + that row) over cache rows s·KEYS .. min(len, (s + 1)·KEYS), len = its row + 1.
@@ -894,15 +900,18 @@ extern "C" __global__ void attend(const float* q, const unsigned long long* kv, 
     float m = NEG_INF;
     // A key's score: lane i takes dimensions 4i .. 4i + 3 (and 4i + 128 .., for heads
     // over 128), then the warp's fixed tree sums them. A warp scores keys warp, warp + W,
-    // ..., four at a time, so a lane has four keys' loads in flight (K rows come from DRAM).
+    // ..., ATTEND_INFLIGHT at a time, so a lane has that many keys' loads in flight (K rows
+    // come from DRAM).
     const float4* q4 = reinterpret_cast<const float4*>(qs);
     int hd4 = hd >> 2;
-    for (int j = warp; j < cnt; j += 4 * warps) {
-        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = warp; j < cnt; j += ATTEND_INFLIGHT * warps) {
+        float t[ATTEND_INFLIGHT];
+#pragma unroll
+        for (int u = 0; u < ATTEND_INFLIGHT; u++) t[u] = 0.0f;
         for (int d = lane; d < hd4; d += 32) {
             float4 a = q4[d];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < ATTEND_INFLIGHT; u++) {
                 int jj = j + u * warps;
                 if (jj < cnt) {
                     float4 b = reinterpret_cast<const float4*>(kc + (long long)(j0 + jj) * kvd + g * hd)[d];
@@ -916,7 +925,7 @@ extern "C" __global__ void attend(const float* q, const unsigned long long* kv, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < ATTEND_INFLIGHT; u++) {
             int jj = j + u * warps;
             float v = warp_sum(t[u]) * scale;
             if (jj < cnt) {

@@ -25,27 +25,33 @@ pub(super) const MATVEC_OUTS: u32 = 2;
 pub(super) const MATVEC_ROWS: usize = 8;
 /// Warps of a decode step's matvec block (`MATVEC1_WARPS` in the source, which sets
 /// `matvec1_F`'s launch bounds). A source given to `MTPLX_CUDA_KERNELS` may set its own
-/// (see [`Matvec1Shape`]).
-pub(super) const MATVEC1_WARPS: u32 = 8;
-/// Outputs a decode step's matvec warp computes (`OUTS1` in the source). With four, the
-/// same files decode at 109.9 / 93.5 (Q4_K_M) and 159.9 / 124.4 (Q4_0) tok/s on an H100,
-/// against 85.3 / 69.6 and 99.4 / 79.8 through `matvec_F` in the same run. Profiled, the
-/// small launches (Q, K, V; the output and down projections: 128-192 blocks) keep only
-/// 12-17% of the warps a multiprocessor holds busy, at 0.4-0.5 TB/s: the next step.
-pub(super) const MATVEC1_OUTS: u32 = 4;
-/// How a source's decode matvec (`matvec1_F`) is launched: its `OUTS1` and
-/// `MATVEC1_WARPS`, read from the source being compiled, so that a kernel developer's source
-/// (`MTPLX_CUDA_KERNELS`) with other values is launched by its own (the built-in source's
-/// are [`MATVEC1_OUTS`] and [`MATVEC1_WARPS`], a test holds them equal). A source that does
-/// not define them gets the built-in values (those older sources were written for).
+/// (see [`LaunchShape`]).
+pub(super) const MATVEC1_WARPS: u32 = 16;
+/// Outputs a decode step's matvec warp computes (`OUTS1` in the source). With four (and 8
+/// warps a block), the same files decode at 109.9 / 93.5 (Q4_K_M) and 159.9 / 124.4 (Q4_0)
+/// tok/s on an H100, against 85.3 / 69.6 and 99.4 / 79.8 through `matvec_F` in the same
+/// run; profiled, the small launches (Q, K, V; the output and down projections: 128-192
+/// blocks) kept only 12-17% of the warps a multiprocessor holds busy, at 0.4-0.5 TB/s.
+/// With one output a warp and 16 warps a block (32 registers a thread instead of 64-79,
+/// so four times the warps in flight, and the same 16-32 outputs a block so x is copied
+/// as often), another H100 run: Q4_K_M with `f32` activations 149.0 / 123.7 against 103.5 /
+/// 92.2, Q4_0 188.3 / 138.0 against 159.9 / 133.1. The order of each output's sum is the
+/// same either way.
+pub(super) const MATVEC1_OUTS: u32 = 1;
+/// How a source's decode matvec (`matvec1_F`) and attention are launched: its `OUTS1`,
+/// `MATVEC1_WARPS` and `ATTEND_WARPS`, read from the source being compiled, so that a kernel
+/// developer's source (`MTPLX_CUDA_KERNELS`) with other values is launched by its own (the
+/// built-in source's are [`MATVEC1_OUTS`], [`MATVEC1_WARPS`] and [`ATTEND_WARPS`], a test
+/// holds them equal). A source that does not define one gets the built-in value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Matvec1Shape {
+pub(super) struct LaunchShape {
     pub outs: u32,
     pub warps: u32,
+    pub attend_warps: u32,
 }
 
-impl Matvec1Shape {
-    pub(super) fn of(source: &str) -> Result<Matvec1Shape> {
+impl LaunchShape {
+    pub(super) fn of(source: &str) -> Result<LaunchShape> {
         let read = |name: &str, default: u32| match define(source, name) {
             None => Ok(default),
             Some(Ok(v)) if (1..=32).contains(&v) => Ok(v as u32),
@@ -53,9 +59,10 @@ impl Matvec1Shape {
                 "the kernels' source: #define {name} is not a number from 1 to 32"
             ))),
         };
-        Ok(Matvec1Shape {
+        Ok(LaunchShape {
             outs: read("OUTS1", MATVEC1_OUTS)?,
             warps: read("MATVEC1_WARPS", MATVEC1_WARPS)?,
+            attend_warps: read("ATTEND_WARPS", ATTEND_WARPS)?,
         })
     }
 }
@@ -71,8 +78,9 @@ fn define(source: &str, name: &str) -> Option<std::result::Result<usize, std::nu
 
 /// Floats of shared memory a chunk of x takes in a decode step's matvec (`XSTRIDE`).
 pub(super) const MATVEC1_XSTRIDE: usize = 36;
-/// Threads of an attention block.
-pub(super) const ATTEND_THREADS: u32 = 128;
+/// Warps of an attention block (`ATTEND_WARPS` in the source; a kernel developer's source
+/// may set its own, see [`LaunchShape`]).
+pub(super) const ATTEND_WARPS: u32 = 4;
 /// Cache positions an attention part covers (`KEYS` in the source).
 pub(crate) const ATTEND_KEYS: usize = 256;
 /// Query rows whose attention parts one launch computes (a prefill chunk's rows go in
@@ -163,31 +171,57 @@ mod tests {
     /// A source's own decode launch shape is read from it; one without the defines gets
     /// the built-in shape; a nonsense value is an error, not a launch.
     #[test]
-    fn a_source_is_launched_by_its_own_matvec1_shape() {
-        let builtin = Matvec1Shape::of(SOURCE).unwrap();
+    fn a_source_is_launched_by_its_own_shape() {
+        let builtin = LaunchShape::of(SOURCE).unwrap();
         assert_eq!(
             builtin,
-            Matvec1Shape {
+            LaunchShape {
                 outs: MATVEC1_OUTS,
-                warps: MATVEC1_WARPS
+                warps: MATVEC1_WARPS,
+                attend_warps: ATTEND_WARPS,
             }
         );
-        let other = SOURCE
-            .replace("#define OUTS1 4", "#define OUTS1 1")
-            .replace("#define MATVEC1_WARPS 8", "#define MATVEC1_WARPS 16");
+        // Another source's values, each line replaced whatever the built-in value is.
+        let with = |name: &str, value: &str| -> String {
+            SOURCE
+                .lines()
+                .map(|l| match l.strip_prefix(&format!("#define {name} ")) {
+                    Some(_) => format!("#define {name} {value}"),
+                    None => l.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let other = with("OUTS1", "3");
+        let other = other.replace(
+            &format!("#define MATVEC1_WARPS {MATVEC1_WARPS}"),
+            "#define MATVEC1_WARPS 5",
+        );
+        let other = other.replace(
+            &format!("#define ATTEND_WARPS {ATTEND_WARPS}"),
+            "#define ATTEND_WARPS 7",
+        );
         assert_eq!(
-            Matvec1Shape::of(&other).unwrap(),
-            Matvec1Shape { outs: 1, warps: 16 }
+            LaunchShape::of(&other).unwrap(),
+            LaunchShape {
+                outs: 3,
+                warps: 5,
+                attend_warps: 7
+            }
         );
         let older: String = SOURCE
             .lines()
             .filter(|l| !l.starts_with("#define OUTS1") && !l.starts_with("#define MATVEC1_WARPS"))
+            .filter(|l| !l.starts_with("#define ATTEND_WARPS"))
             .collect::<Vec<_>>()
             .join("\n");
-        assert_eq!(Matvec1Shape::of(&older).unwrap(), builtin);
-        for bad in ["#define OUTS1 0", "#define OUTS1 x", "#define OUTS1 64"] {
-            let src = SOURCE.replace("#define OUTS1 4", bad);
-            assert!(Matvec1Shape::of(&src).is_err(), "{bad}");
+        assert_eq!(LaunchShape::of(&older).unwrap(), builtin);
+        for bad in ["0", "x", "64"] {
+            assert!(LaunchShape::of(&with("OUTS1", bad)).is_err(), "OUTS1 {bad}");
+            assert!(
+                LaunchShape::of(&with("ATTEND_WARPS", bad)).is_err(),
+                "ATTEND_WARPS {bad}"
+            );
         }
     }
 
@@ -208,6 +242,11 @@ mod tests {
             "MATVEC1_WARPS"
         );
         assert!(SOURCE.contains("__launch_bounds__(32 * MATVEC1_WARPS) matvec1_"));
+        assert_eq!(
+            define("ATTEND_WARPS"),
+            ATTEND_WARPS as usize,
+            "ATTEND_WARPS"
+        );
         use super::super::q8::{QHALF, QOUTS, QROWS, QWARPS};
         assert_eq!(define("QHALF"), QHALF, "QHALF");
         assert_eq!(define("QOUTS"), QOUTS as usize, "QOUTS");
