@@ -8,7 +8,8 @@ usage: gpu_server.py --mtplx BIN --model GGUF --work DIR [--llama BIN] [--out JS
 
 1. Fresh prompts (`/v1/completions`, `ignore_eos`) of about 500, 4,000 and 7,500 tokens (a new prefix every round, so no
    prompt cache helps), temperature 0, 128 new tokens: TTFT, prefill tok/s (prompt tokens /
-   TTFT) and decode tok/s (tokens after the first / the time after it), medians of rounds.
+   TTFT), decode tok/s (tokens after the first / the time from the first to the last) and
+   end_s (from the last token to the end of the stream), medians of rounds.
    mtplx plainly (`generation_mode: "ar"`) and with its default speculation; llama.cpp
    with `cache_prompt: false`.
 2. A returning conversation of about 7,500 tokens on mtplx: turn 1, the session evicted
@@ -89,7 +90,7 @@ def stream(server, path, fields, max_tokens, extra=None, headers=None):
     body = {"model": server.model, **fields, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     t0 = time.time()
-    first = None
+    first = last = None
     out = ""
     usage = None
     with requests.post(server.base + path, json=body, headers=headers or {},
@@ -107,15 +108,21 @@ def stream(server, path, fields, max_tokens, extra=None, headers=None):
             for ch in j.get("choices") or []:
                 c = (ch.get("delta") or {}).get("content") or ch.get("text")
                 if c:
-                    first = first or time.time()
+                    last = time.time()
+                    first = first or last
                     out += c
     t1 = time.time()
     first = first or t1
+    last = last or t1
     n = (usage or {}).get("completion_tokens", 0)
     p = (usage or {}).get("prompt_tokens", 0)
     return {"ttft_s": first - t0, "prompt_tokens": p, "completion_tokens": n,
             "prefill_tok_s": p / max(first - t0, 1e-9),
-            "decode_tok_s": (n - 1) / (t1 - first) if n > 1 and t1 > first else None,
+            # From the first token to the last: what the stream's reader sees of the decoding.
+            # What follows the last token (mtplx commits the conversation to its session
+            # bank before it ends the stream) is `end_s`, apart.
+            "decode_tok_s": (n - 1) / (last - first) if n > 1 and last > first else None,
+            "end_s": t1 - last,
             "text": out}
 
 
@@ -131,7 +138,7 @@ def contexts(server, label, extra, rounds, gen, sizes, seed):
         med = lambda key: statistics.median(x[key] for x in runs if x[key] is not None)
         rows.append({"server": label, "words": words, "prompt_tokens": runs[0]["prompt_tokens"],
                      "ttft_s": med("ttft_s"), "prefill_tok_s": med("prefill_tok_s"),
-                     "decode_tok_s": med("decode_tok_s"),
+                     "decode_tok_s": med("decode_tok_s"), "end_s": med("end_s"),
                      "completion_tokens": [x["completion_tokens"] for x in runs],
                      "texts": [x["text"] for x in runs]})
         print(json.dumps(rows[-1]), flush=True)
