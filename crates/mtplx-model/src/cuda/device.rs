@@ -13,11 +13,12 @@ use cudarc::nvrtc::Ptx;
 
 use super::q8::Q8Kernels;
 use super::source::{
-    compile_source, quietly, source, LaunchShape, ATTEND_KEYS, ATTEND_ROWS, MATVEC1_XSTRIDE,
-    MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, MAX_SHARED_BYTES, QKV_THREADS, ROW_THREADS,
+    compile_source, quietly, source, LaunchShape, WeightCode, ATTEND_KEYS, ATTEND_ROWS,
+    MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, MAX_SHARED_BYTES, QKV_THREADS,
+    ROW_THREADS,
 };
 use crate::error::{ModelError, Result};
-use crate::kernels::{Activations, QuantFormat};
+use crate::kernels::Activations;
 use crate::weights::{FileData, FilePart, Linear};
 
 /// Bytes after a weight part's last row on the device, that the kernels' aligned loads may
@@ -634,44 +635,6 @@ pub(crate) struct DevicePart {
     pub(crate) blocks: CudaSlice<u8>,
     pub(crate) rows: usize,
     pub(crate) row_bytes: usize,
-}
-
-/// A weight format as the kernels name it (`FMT_*` in the source).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-pub(crate) enum WeightCode {
-    F32 = 0,
-    F16 = 1,
-    BF16 = 2,
-    Q4_0 = 3,
-    Q4_1 = 4,
-    Q5_0 = 5,
-    Q5_1 = 6,
-    Q8_0 = 7,
-    Q4K = 8,
-    Q5K = 9,
-    Q6K = 10,
-}
-
-impl WeightCode {
-    /// How many there are (the kernels `matvec_0` … `matvec_10`).
-    pub(crate) const COUNT: usize = 11;
-
-    pub(crate) fn of(format: QuantFormat) -> WeightCode {
-        match format {
-            QuantFormat::F32 => WeightCode::F32,
-            QuantFormat::F16 => WeightCode::F16,
-            QuantFormat::BF16 => WeightCode::BF16,
-            QuantFormat::Q4_0 => WeightCode::Q4_0,
-            QuantFormat::Q4_1 => WeightCode::Q4_1,
-            QuantFormat::Q5_0 => WeightCode::Q5_0,
-            QuantFormat::Q5_1 => WeightCode::Q5_1,
-            QuantFormat::Q8_0 => WeightCode::Q8_0,
-            QuantFormat::Q4K => WeightCode::Q4K,
-            QuantFormat::Q5K => WeightCode::Q5K,
-            QuantFormat::Q6K => WeightCode::Q6K,
-        }
-    }
 }
 
 impl DeviceMatrix {

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
 
-use super::device::{device_error, WeightCode};
-use crate::error::Result;
+use super::source::WeightCode;
+use crate::error::{ModelError, Result};
 
 /// Bytes of shared memory between two half blocks (128 values) of rounded x (`QHALF`).
 pub(super) const QHALF: usize = 144;
@@ -43,15 +43,18 @@ impl Q8Kernels {
         if module.load_function("matvecq_8").is_err() {
             return Ok(None);
         }
+        let error = |what: String, e: cudarc::driver::DriverError| {
+            ModelError::Device(format!("{what}: {e}"))
+        };
         let f = |name: String| -> Result<CudaFunction> {
             let func = module
                 .load_function(&name)
-                .map_err(|e| device_error(&format!("kernel {name}"), e))?;
+                .map_err(|e| error(format!("kernel {name}"), e))?;
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared,
             )
-            .map_err(|e| device_error(&format!("{name} shared memory"), e))?;
+            .map_err(|e| error(format!("{name} shared memory"), e))?;
             Ok(func)
         };
         Ok(Some(Q8Kernels {

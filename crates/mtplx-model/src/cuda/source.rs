@@ -5,6 +5,7 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::error::{ModelError, Result};
+use crate::kernels::QuantFormat;
 
 const SOURCE: &str = include_str!("kernels.cu");
 
@@ -88,6 +89,44 @@ pub(crate) const ATTEND_KEYS: usize = 256;
 pub(crate) const ATTEND_ROWS: usize = 64;
 /// Dynamic shared memory an attention block may use without opting in.
 pub(super) const MAX_SHARED_BYTES: usize = 48 * 1024;
+
+/// A weight format as the kernels name it (`FMT_*` in the source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub(crate) enum WeightCode {
+    F32 = 0,
+    F16 = 1,
+    BF16 = 2,
+    Q4_0 = 3,
+    Q4_1 = 4,
+    Q5_0 = 5,
+    Q5_1 = 6,
+    Q8_0 = 7,
+    Q4K = 8,
+    Q5K = 9,
+    Q6K = 10,
+}
+
+impl WeightCode {
+    /// How many there are (the kernels `matvec_0` … `matvec_10`).
+    pub(crate) const COUNT: usize = 11;
+
+    pub(crate) fn of(format: QuantFormat) -> WeightCode {
+        match format {
+            QuantFormat::F32 => WeightCode::F32,
+            QuantFormat::F16 => WeightCode::F16,
+            QuantFormat::BF16 => WeightCode::BF16,
+            QuantFormat::Q4_0 => WeightCode::Q4_0,
+            QuantFormat::Q4_1 => WeightCode::Q4_1,
+            QuantFormat::Q5_0 => WeightCode::Q5_0,
+            QuantFormat::Q5_1 => WeightCode::Q5_1,
+            QuantFormat::Q8_0 => WeightCode::Q8_0,
+            QuantFormat::Q4K => WeightCode::Q4K,
+            QuantFormat::Q5K => WeightCode::Q5K,
+            QuantFormat::Q6K => WeightCode::Q6K,
+        }
+    }
+}
 
 /// Compiles the kernels for `arch` (`compute_90`) with NVRTC: needs the NVRTC library, not
 /// a device. Returns the PTX.
