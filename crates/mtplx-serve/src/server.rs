@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use mtplx_model::kernels::Activations;
 use mtplx_model::store::{self, KnownModel, ModelStore, DEFAULT_MODEL};
-use mtplx_model::{Bundle, ModelError};
+use mtplx_model::{Bundle, ModelError, WeightFormat};
 use tokio::net::TcpListener;
 
 use crate::cache::SsdMode;
@@ -87,19 +88,27 @@ pub async fn load(config: &Config, path: PathBuf) -> Result<(Bundle, Backend), S
             Ok((Bundle::load(&path, format)?, Backend::Cpu))
         }
         Device::Cuda(ordinal) => {
-            // The products' activations as the CPU would take them (8-bit for K-quant
-            // files unless `--weights` says otherwise): the same numbers on either.
-            let activations = match format {
-                Some(f) => f,
-                None => Bundle::default_format(&path)?,
-            }
-            .activations();
+            let activations = device_activations(format, &path)?;
             let (bundle, model) = crate::gpu::load(&path, ordinal, &speculation, activations)?;
             Ok((bundle, Backend::Device(model)))
         }
     })
     .await
     .map_err(|e| ServeError::Config(format!("model load panicked: {e}")))?
+}
+
+/// The activations a GPU model's products take: as the CPU would run the file, `--weights`
+/// when given, else the file's default (8-bit for K-quant files), so a K-quant file gives
+/// the same numbers on either.
+fn device_activations(
+    format: Option<WeightFormat>,
+    path: &Path,
+) -> Result<Activations, ServeError> {
+    Ok(match format {
+        Some(f) => f,
+        None => Bundle::default_format(path)?,
+    }
+    .activations())
 }
 
 /// Loads the model, binds, prints the startup line and serves until SIGTERM or SIGINT;
@@ -261,6 +270,26 @@ mod tests {
         );
         let missing = dir.path().join("missing.gguf");
         assert_eq!(model_arg(Some(&missing)), ModelArg::Path(&missing));
+    }
+
+    /// On a GPU the products take the activations the CPU would: `--weights` when given,
+    /// else 8-bit for a K-quant file and `f32` for the default model's Q4_1.
+    #[test]
+    fn a_gpu_model_takes_the_activations_the_cpu_would() {
+        use mtplx_model::shaped::{write_gguf, Quant, Shape};
+        let Some(tok) = std::env::var_os("MTPLX_TEST_MODEL").map(PathBuf::from) else {
+            eprintln!("MTPLX_TEST_MODEL not set: run through `cargo xtask test`");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let km = dir.path().join("tiny-q4_k_m.gguf");
+        write_gguf(&km, Shape::TINY, Quant::Q4KM, 5, &tok).unwrap();
+        let act = |format, path: &Path| device_activations(format, path).unwrap();
+        assert_eq!(act(None, &km), Activations::Q8);
+        assert_eq!(act(None, &tok), Activations::F32);
+        assert_eq!(act(Some(WeightFormat::Native), &km), Activations::F32);
+        assert_eq!(act(Some(WeightFormat::NativeQ8), &tok), Activations::Q8);
+        assert!(device_activations(None, &dir.path().join("missing.gguf")).is_err());
     }
 
     #[tokio::test]
