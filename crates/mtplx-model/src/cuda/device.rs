@@ -37,9 +37,9 @@ struct Kernels {
     /// The decode step's (one row of x), one per weight format; empty for a source
     /// (`MTPLX_CUDA_KERNELS`) from before they were written, whose decode uses `matvec`.
     matvec1: Vec<CudaFunction>,
-    /// The most dynamic shared memory a `matvec1` block may use (the device's opt-in
-    /// limit): x of up to this many bytes ÷ 4.5 values.
-    matvec1_shared: usize,
+    /// The most dynamic shared memory a `matvec1` or 8-bit block may use (the device's
+    /// opt-in limit): `matvec1`'s x of up to this many bytes ÷ 4.5 values.
+    shared_limit: usize,
     /// How the source in use launches `matvec1` and attention.
     shape: LaunchShape,
     /// The products with 8-bit activations (none in an older source).
@@ -104,19 +104,23 @@ impl CudaDevice {
                 .collect::<Result<Vec<_>>>()?,
             Err(_) => Vec::new(),
         };
-        // A decode step's x goes in shared memory: a 14,336-wide x (Llama-3-8B's FFN) takes
-        // 63 KiB, past the 48 KiB a block gets without opting in.
-        let matvec1_shared = ctx
+        let q8 = match module.load_function(Q8Kernels::PROBE) {
+            Ok(_) => Some(Q8Kernels::load(f)?),
+            Err(_) => None,
+        };
+        // A decode step's x goes in shared memory (a 14,336-wide x, Llama-3-8B's FFN, takes
+        // 63 KiB, past the 48 KiB a block gets without opting in), as do the 8-bit kernels'
+        // rounded rows.
+        let shared_limit = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| device_error("shared memory limit", e))?;
-        for func in &matvec1 {
+        for func in matvec1.iter().chain(q8.iter().flat_map(Q8Kernels::all)) {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                matvec1_shared,
+                shared_limit,
             )
-            .map_err(|e| device_error("matvec1 shared memory", e))?;
+            .map_err(|e| device_error("matvec shared memory", e))?;
         }
-        let q8 = Q8Kernels::load(&module, matvec1_shared)?;
         let k = Kernels {
             embed: f("embed")?,
             rms_norm: f("rms_norm")?,
@@ -124,7 +128,7 @@ impl CudaDevice {
                 .map(|c| f(&format!("matvec_{c}")))
                 .collect::<Result<_>>()?,
             matvec1,
-            matvec1_shared: matvec1_shared as usize,
+            shared_limit: shared_limit as usize,
             shape,
             q8,
             silu_mul: f("silu_mul")?,
@@ -324,12 +328,7 @@ impl CudaDevice {
         let bias = w.bias.as_ref().map_or(0, |b| self.address(b));
         // A lone row goes to `matvec1` (the same bits) where its x fits in shared memory.
         let decode_shared = w.cols / 32 * MATVEC1_XSTRIDE * 4;
-        let decode = n == 1 && decode_shared <= self.k.matvec1_shared && !self.k.matvec1.is_empty();
-        let (kernels, name) = if decode {
-            (&self.k.matvec1, "matvec1")
-        } else {
-            (&self.k.matvec, "matvec")
-        };
+        let decode = n == 1 && decode_shared <= self.k.shared_limit && !self.k.matvec1.is_empty();
         let mut y_off = 0i32;
         for part in &w.parts {
             let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
@@ -338,45 +337,45 @@ impl CudaDevice {
             // at every row count (so a row's result still does not depend on it).
             let q8 = match (&self.k.q8, w.activations) {
                 (Some(q8), Activations::Q8) => {
-                    q8.launch(part.code, rows_out, w.cols, n, self.k.matvec1_shared)
+                    q8.launch(part.code, rows_out, w.cols, n, self.k.shared_limit)
                 }
                 _ => None,
             };
-            if let Some((func, cfg)) = q8 {
-                let mut b = self.stream.launch_builder(func);
-                b.arg(&part.blocks)
-                    .arg(&row_bytes)
-                    .arg(x)
-                    .arg(&bias)
-                    .arg(&mut *y)
-                    .arg(&ni)
-                    .arg(&inn)
-                    .arg(&ri)
-                    .arg(&stride)
-                    .arg(&y_off)
-                    .arg(&acc);
-                // SAFETY: as below; the 8-bit kernels take the `matvec_F` arguments, and
-                // their shared memory (sized by `launch`) is within the limit set at load.
-                unsafe { b.launch(cfg) }
-                    .map(drop)
-                    .map_err(|e| device_error("matvecq", e))?;
-                y_off += ri;
-                continue;
-            }
-            let mut b = self.stream.launch_builder(&kernels[part.code as usize]);
+            let code = part.code as usize;
+            // The kernel, its launch, and whether it takes `matvec1`'s shorter arguments
+            // (the 8-bit kernels take `matvec_F`'s).
+            let (func, cfg, name, short) = match q8 {
+                Some((func, cfg)) => (func, cfg, "matvecq", false),
+                None if decode => {
+                    let LaunchShape { outs, warps, .. } = self.k.shape;
+                    let cfg = LaunchConfig {
+                        grid_dim: ((rows_out as u32).div_ceil(warps * outs), 1, 1),
+                        block_dim: (32 * warps, 1, 1),
+                        shared_mem_bytes: decode_shared as u32,
+                    };
+                    (&self.k.matvec1[code], cfg, "matvec1", true)
+                }
+                None => {
+                    let cfg = LaunchConfig {
+                        grid_dim: (
+                            (rows_out as u32).div_ceil(MATVEC_WARPS * MATVEC_OUTS),
+                            n.div_ceil(MATVEC_ROWS) as u32,
+                            1,
+                        ),
+                        block_dim: (32 * MATVEC_WARPS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    (&self.k.matvec[code], cfg, "matvec", false)
+                }
+            };
+            let mut b = self.stream.launch_builder(func);
             b.arg(&part.blocks)
                 .arg(&row_bytes)
                 .arg(x)
                 .arg(&bias)
                 .arg(&mut *y);
-            let cfg = if decode {
+            if short {
                 b.arg(&inn).arg(&ri).arg(&y_off).arg(&acc);
-                let LaunchShape { outs, warps, .. } = self.k.shape;
-                LaunchConfig {
-                    grid_dim: ((rows_out as u32).div_ceil(warps * outs), 1, 1),
-                    block_dim: (32 * warps, 1, 1),
-                    shared_mem_bytes: decode_shared as u32,
-                }
             } else {
                 b.arg(&ni)
                     .arg(&inn)
@@ -384,20 +383,12 @@ impl CudaDevice {
                     .arg(&stride)
                     .arg(&y_off)
                     .arg(&acc);
-                LaunchConfig {
-                    grid_dim: (
-                        (rows_out as u32).div_ceil(MATVEC_WARPS * MATVEC_OUTS),
-                        n.div_ceil(MATVEC_ROWS) as u32,
-                        1,
-                    ),
-                    block_dim: (32 * MATVEC_WARPS, 1, 1),
-                    shared_mem_bytes: 0,
-                }
-            };
+            }
             // SAFETY: the part holds rows_out rows of row_bytes bytes of `cols` values (a
             // multiple of 32, checked at upload) in its code's format; x holds n × cols, y
             // n × w.rows; bias w.rows when present. A `matvec1` block's shared memory holds
-            // x's chunks at MATVEC1_XSTRIDE floats each, within the limit set at load.
+            // x's chunks at MATVEC1_XSTRIDE floats each, and an 8-bit block's is sized by
+            // `Q8Kernels::launch`, both within the limit set at load.
             unsafe { b.launch(cfg) }
                 .map(drop)
                 .map_err(|e| device_error(name, e))?;

@@ -750,7 +750,8 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 int t = tot[r] + __shfl_xor_sync(FULL_MASK, tot[r], 1);
-                int m = mins[r] + __shfl_xor_sync(FULL_MASK, mins[r], 1);
+                // Q6_K has no mins: nothing to add up (its chain reads no z).
+                int m = FMT == FMT_Q4K ? mins[r] + __shfl_xor_sync(FULL_MASK, mins[r], 1) : 0;
                 if (h == 0 && b < nb) {
                     float dx = sd[r * nb + b];
                     my[(k * NR + r) * 16 + j] =

@@ -10,13 +10,10 @@
 //! Q6_K, but batch-invariant for every format, as each part takes one path whatever the
 //! row count.
 
-use std::sync::Arc;
-
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
+use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use super::source::WeightCode;
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 
 /// Bytes of shared memory between two half blocks (128 values) of rounded x (`QHALF`).
 pub(super) const QHALF: usize = 144;
@@ -36,31 +33,22 @@ pub(super) struct Q8Kernels {
 }
 
 impl Q8Kernels {
-    /// The kernels from `module`, each allowed `shared` bytes of dynamic shared memory;
-    /// `None` for a source without them (`MTPLX_CUDA_KERNELS` from before they were
-    /// written), whose products then all take `f32` activations.
-    pub(super) fn load(module: &Arc<CudaModule>, shared: i32) -> Result<Option<Q8Kernels>> {
-        if module.load_function("matvecq_8").is_err() {
-            return Ok(None);
-        }
-        let error = |what: String, e: cudarc::driver::DriverError| {
-            ModelError::Device(format!("{what}: {e}"))
-        };
-        let f = |name: String| -> Result<CudaFunction> {
-            let func = module
-                .load_function(&name)
-                .map_err(|e| error(format!("kernel {name}"), e))?;
-            func.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared,
-            )
-            .map_err(|e| error(format!("{name} shared memory"), e))?;
-            Ok(func)
-        };
-        Ok(Some(Q8Kernels {
-            rows: [f("matvecq_8".into())?, f("matvecq_10".into())?],
-            one: [f("matvec1q_8".into())?, f("matvec1q_10".into())?],
-        }))
+    /// A kernel every source with the 8-bit kernels has: a source without it (given to
+    /// `MTPLX_CUDA_KERNELS`, from before they were written) takes `f32` activations for
+    /// every product.
+    pub(super) const PROBE: &'static str = "matvecq_8";
+
+    /// The kernels, each loaded by `load` (by name).
+    pub(super) fn load(load: impl Fn(&str) -> Result<CudaFunction>) -> Result<Q8Kernels> {
+        Ok(Q8Kernels {
+            rows: [load("matvecq_8")?, load("matvecq_10")?],
+            one: [load("matvec1q_8")?, load("matvec1q_10")?],
+        })
+    }
+
+    /// Every kernel (their shared-memory limit is set at load, as `matvec1`'s).
+    pub(super) fn all(&self) -> impl Iterator<Item = &CudaFunction> {
+        self.rows.iter().chain(&self.one)
     }
 
     /// The kernel and launch for a part of `code` with `rows` outputs of `cols` inputs,
