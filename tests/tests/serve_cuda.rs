@@ -87,9 +87,16 @@ async fn greedy_answers_on_the_gpu_are_the_reference_tokens_plain_and_speculativ
     if !gpu() {
         return;
     }
+    // K/V in f16 (the default), then in f32.
+    for dtype in ["f16", "f32"] {
+        reference_answers(dtype).await;
+    }
+}
+
+async fn reference_answers(dtype: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log.jsonl");
-    let args = on_gpu(&[
+    let mut args = vec![
         "--ssd-session-cache",
         "off",
         "--request-log-jsonl",
@@ -97,11 +104,14 @@ async fn greedy_answers_on_the_gpu_are_the_reference_tokens_plain_and_speculativ
         // Always draft, so the `mtp` answers are speculative ones.
         "--adaptive-policy",
         "none",
-    ]);
-    let server = Server::start(dir.path(), "gpu", &args);
+    ];
+    if dtype != "f16" {
+        args.extend(["--kv-dtype", dtype]);
+    }
+    let server = Server::start(dir.path(), "gpu", &on_gpu(&args));
     let line = server.startup_line();
     assert!(line.contains("| device cuda:0 ("), "{line}");
-    assert!(line.contains("kv f32 Device"), "{line}");
+    assert!(line.contains(&format!("kv {dtype} Device")), "{line}");
     // The server answers in text: the reference's tokens are compared as the text they
     // decode to, and their count (the stop token included) as the completion's.
     let tokenizer = &serve_support::bundle().tokenizer;
@@ -115,7 +125,7 @@ async fn greedy_answers_on_the_gpu_are_the_reference_tokens_plain_and_speculativ
             "length"
         };
         for mode in ["ar", "mtp"] {
-            let what = format!("{} ({mode})", case.name);
+            let what = format!("{} ({mode}, {dtype} K/V)", case.name);
             let r = server
                 .post(COMPLETIONS, &completion(&case.prompt_ids, 32, mode))
                 .await;

@@ -49,7 +49,7 @@ pub enum KvError {
         head_dim: usize,
         group: usize,
     },
-    #[error("a device cache stores f32 K/V; {0} was asked for")]
+    #[error("this device's caches do not store {0} K/V")]
     DeviceDtype(crate::KvDtype),
     /// A cache in an accelerator's memory failed to copy or compute.
     #[error("device: {0}")]

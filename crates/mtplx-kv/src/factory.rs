@@ -46,8 +46,10 @@ impl From<Layout> for CacheFactory {
 
 /// What a model backend that keeps K/V in an accelerator's memory builds its caches with.
 pub trait MakeDeviceCache: Send + Sync {
-    /// An empty cache on the device.
-    fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache>;
+    /// Whether the device's caches can store rows as `dtype`.
+    fn stores(&self, dtype: KvDtype) -> bool;
+    /// An empty cache on the device storing rows as `dtype` (one [`Self::stores`] takes).
+    fn new_cache(&self, shape: KvShape, dtype: KvDtype) -> Box<dyn KvCache>;
     /// The device, in words (`cuda:0`).
     fn name(&self) -> String;
 }
@@ -93,8 +95,8 @@ impl CacheFactory {
         .into()
     }
 
-    /// Caches a model backend builds in an accelerator's memory (`f32` rows: the backend's
-    /// own format).
+    /// Caches a model backend builds in an accelerator's memory, `f32` rows until
+    /// [`CacheFactory::with_dtype`] names another type the device stores.
     pub fn device(caches: DeviceCaches) -> Self {
         Layout::Device(caches).into()
     }
@@ -102,10 +104,13 @@ impl CacheFactory {
     /// The same layout storing rows as `dtype`.
     ///
     /// # Errors
-    /// [`KvError::DeviceDtype`]: a device layout stores `f32` only.
+    /// [`KvError::DeviceDtype`]: a device layout whose maker does not store `dtype`
+    /// ([`MakeDeviceCache::stores`]).
     pub fn with_dtype(self, dtype: KvDtype) -> Result<Self, KvError> {
-        if matches!(self.layout, Layout::Device(_)) && dtype != KvDtype::F32 {
-            return Err(KvError::DeviceDtype(dtype));
+        if let Layout::Device(d) = &self.layout {
+            if !d.0.stores(dtype) {
+                return Err(KvError::DeviceDtype(dtype));
+            }
         }
         Ok(CacheFactory { dtype, ..self })
     }
@@ -171,8 +176,8 @@ impl CacheFactory {
             Layout::Segmented { segment_tokens } => {
                 Box::new(Segmented::<E>::empty(shape, *segment_tokens))
             }
-            // `with_dtype` keeps device factories at f32.
-            Layout::Device(d) => d.0.new_cache(shape),
+            // `with_dtype` keeps device factories at a type their maker stores.
+            Layout::Device(d) => d.0.new_cache(shape, E::DTYPE),
         }
     }
 
@@ -230,6 +235,15 @@ impl CacheFactory {
                 }
                 return Ok(cache);
             }
+            // A layout that can't lend host memory (a device's): the stored bytes, a layer
+            // at a time, never widened and rounded again.
+            let bytes = self.dtype.bytes(len * shape.row_len());
+            let (mut k, mut v) = (vec![0u8; bytes], vec![0u8; bytes]);
+            for layer in 0..shape.layers {
+                source.read_raw(layer, 0..len, &mut k, &mut v)?;
+                cache.append_stored(layer, &k, &v)?;
+            }
+            return Ok(cache);
         }
         let row = shape.row_len();
         let mut k = vec![0f32; len * row];
@@ -248,13 +262,26 @@ mod tests {
 
     use super::*;
 
-    /// A stand-in device: host caches that remember they were made here.
-    struct Counting(AtomicUsize);
+    /// A stand-in device: host caches (`f32` or `f16` rows) that remember they were made
+    /// here, and that, like a device's, lend no host memory; it counts the `f32` rows given
+    /// to them.
+    struct Counting(AtomicUsize, Arc<AtomicUsize>);
+
+    impl Counting {
+        fn new() -> Self {
+            Counting(AtomicUsize::new(0), Arc::new(AtomicUsize::new(0)))
+        }
+    }
 
     impl MakeDeviceCache for Counting {
-        fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
+        fn stores(&self, dtype: KvDtype) -> bool {
+            matches!(dtype, KvDtype::F32 | KvDtype::F16)
+        }
+
+        fn new_cache(&self, shape: KvShape, dtype: KvDtype) -> Box<dyn KvCache> {
             self.0.fetch_add(1, Ordering::SeqCst);
-            Box::new(Contiguous::new(shape, 16))
+            let host = CacheFactory::contiguous().with_dtype(dtype).unwrap();
+            Box::new(NoLending(host.new_cache(shape), self.1.clone()))
         }
 
         fn name(&self) -> String {
@@ -262,16 +289,86 @@ mod tests {
         }
     }
 
+    /// A host cache that does not lend its storage and counts [`KvCache::append`] calls.
+    struct NoLending(Box<dyn KvCache>, Arc<AtomicUsize>);
+
+    impl KvView for NoLending {
+        fn shape(&self) -> KvShape {
+            self.0.shape()
+        }
+        fn layout(&self) -> LayoutKind {
+            LayoutKind::Device
+        }
+        fn dtype(&self) -> KvDtype {
+            self.0.dtype()
+        }
+        fn layer_len(&self, layer: usize) -> usize {
+            self.0.layer_len(layer)
+        }
+        fn read_rows(
+            &self,
+            layer: usize,
+            range: std::ops::Range<usize>,
+            k: &mut [f32],
+            v: &mut [f32],
+        ) -> Result<(), KvError> {
+            self.0.read_rows(layer, range, k, v)
+        }
+        fn read_raw(
+            &self,
+            layer: usize,
+            range: std::ops::Range<usize>,
+            k: &mut [u8],
+            v: &mut [u8],
+        ) -> Result<(), KvError> {
+            self.0.read_raw(layer, range, k, v)
+        }
+        fn physical_bytes(&self) -> usize {
+            self.0.physical_bytes()
+        }
+    }
+
+    impl KvCache for NoLending {
+        fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.append(layer, k, v)
+        }
+        fn append_stored(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+            self.0.append_stored(layer, k, v)
+        }
+        fn attend(
+            &self,
+            layer: usize,
+            q: &[f32],
+            q_heads: usize,
+            scale: f32,
+            out: &mut [f32],
+        ) -> Result<(), KvError> {
+            self.0.attend(layer, q, q_heads, scale, out)
+        }
+        fn truncate(&mut self, len: usize) {
+            self.0.truncate(len)
+        }
+        fn snapshot(&self) -> Arc<dyn KvView> {
+            self.0.snapshot()
+        }
+        fn fork(&self) -> Box<dyn KvCache> {
+            Box::new(NoLending(self.0.fork(), self.1.clone()))
+        }
+    }
+
     #[test]
     fn a_device_factory_builds_and_restores_through_its_maker() {
-        let maker = Arc::new(Counting(AtomicUsize::new(0)));
+        let maker = Arc::new(Counting::new());
         let factory = CacheFactory::device(DeviceCaches(maker.clone()));
         assert_eq!(factory.layout(), LayoutKind::Device);
         assert!(format!("{factory:?}").contains("Device(DeviceCaches(test:0))"));
+        // The types the maker stores, and no other.
         assert_eq!(
-            factory.clone().with_dtype(KvDtype::F16),
-            Err(KvError::DeviceDtype(KvDtype::F16))
+            factory.clone().with_dtype(KvDtype::Q8),
+            Err(KvError::DeviceDtype(KvDtype::Q8))
         );
+        let halves = factory.clone().with_dtype(KvDtype::F16).unwrap();
         let shape = KvShape {
             layers: 2,
             kv_heads: 1,
@@ -279,7 +376,7 @@ mod tests {
         };
         let mut host = CacheFactory::contiguous().new_cache(shape);
         for layer in 0..2 {
-            let rows: Vec<f32> = (0..12).map(|i| (i + 100 * layer) as f32).collect();
+            let rows: Vec<f32> = (0..12).map(|i| (i + 100 * layer) as f32 + 0.1).collect();
             host.append(layer, &rows, &rows).unwrap();
         }
         let restored = factory.restore(host.as_ref(), 2).unwrap();
@@ -290,9 +387,31 @@ mod tests {
         );
         let (mut k, mut v) = (vec![0f32; 8], vec![0f32; 8]);
         restored.read_rows(1, 0..2, &mut k, &mut v).unwrap();
-        assert_eq!(k, (100..108).map(|i| i as f32).collect::<Vec<_>>());
+        let expected: Vec<f32> = (100..108).map(|i| i as f32 + 0.1).collect();
+        assert_eq!(k, expected);
+        // Rows of the device's own type come back as their stored bytes: no widening, no
+        // second rounding (no f32 append), one layer at a time.
+        let appends = maker.1.load(Ordering::SeqCst);
+        let narrow = CacheFactory::paged().with_dtype(KvDtype::F16).unwrap();
+        let narrow = narrow.restore(host.as_ref(), 2).unwrap();
+        let on_device = halves.restore(narrow.as_ref(), 2).unwrap();
+        assert_eq!(on_device.dtype(), KvDtype::F16);
+        assert_eq!(
+            maker.1.load(Ordering::SeqCst),
+            appends,
+            "widened and appended"
+        );
+        let raw = |c: &dyn KvView| {
+            let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
+            c.read_raw(1, 0..2, &mut a, &mut b).unwrap();
+            (a, b)
+        };
+        assert_eq!(raw(on_device.as_ref()), raw(narrow.as_ref()));
+        // Rows of another type are widened and rounded to the device's.
+        let rounded = halves.restore(host.as_ref(), 2).unwrap();
+        assert_eq!(raw(rounded.as_ref()), raw(narrow.as_ref()));
         factory.new_cache(shape);
-        assert_eq!(maker.0.load(Ordering::SeqCst), 2);
+        assert_eq!(maker.0.load(Ordering::SeqCst), 4);
     }
 
     #[test]
@@ -400,8 +519,8 @@ mod tests {
 
     #[test]
     fn device_factories_are_equal_only_when_they_share_a_maker() {
-        let a = DeviceCaches(Arc::new(Counting(AtomicUsize::new(0))));
-        let b = DeviceCaches(Arc::new(Counting(AtomicUsize::new(0))));
+        let a = DeviceCaches(Arc::new(Counting::new()));
+        let b = DeviceCaches(Arc::new(Counting::new()));
         assert_eq!(a, a.clone());
         assert_ne!(a, b);
         assert_ne!(CacheFactory::device(a), CacheFactory::contiguous());

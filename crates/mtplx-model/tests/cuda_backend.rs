@@ -10,7 +10,7 @@ mod tiny_fixture;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use mtplx_kv::{CacheFactory, LayoutKind, Sequence};
+use mtplx_kv::{CacheFactory, KvDtype, LayoutKind, Sequence};
 use mtplx_model::cuda::{CudaDevice, CudaModel};
 use mtplx_model::sampling::argmax;
 use mtplx_model::{prefill, Bundle, LanguageModel, ModelError, Want, WeightFormat};
@@ -42,6 +42,30 @@ const LOGIT_TOLERANCE: f32 = 2e-3;
 /// Max |logit(CUDA) − logit(CPU native)|: the same f32 weights and activations, summed in
 /// another order.
 const CPU_TOLERANCE: f32 = 1e-3;
+/// The same two tolerances with K/V stored in f16 on both sides: each value rounded once to
+/// 11 significant bits, from f32 values that differ in their last bits (as the CPU's f16
+/// goldens allow against the reference).
+const HALF_KV_TOLERANCE: f32 = 0.1;
+
+/// The device's cache factories: K/V in `f32`, then in `f16` (the server's default), with
+/// the tolerances of each against the reference and the CPU.
+fn factories(gpu: &CudaModel) -> [(KvDtype, CacheFactory, f32, f32); 2] {
+    let f = |dtype| gpu.cache_factory().with_dtype(dtype).unwrap();
+    [
+        (
+            KvDtype::F32,
+            f(KvDtype::F32),
+            LOGIT_TOLERANCE,
+            CPU_TOLERANCE,
+        ),
+        (
+            KvDtype::F16,
+            f(KvDtype::F16),
+            HALF_KV_TOLERANCE,
+            HALF_KV_TOLERANCE,
+        ),
+    ]
+}
 
 fn golden() -> GoldenFile {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -90,7 +114,15 @@ fn the_kernels_compile() {
     match mtplx_model::cuda::compile("compute_90") {
         Ok(ptx) => {
             for kernel in [
-                "embed", "rms_norm", "matvec_4", "matvec_8", "qkv_post", "attend", "silu_mul",
+                "embed",
+                "rms_norm",
+                "matvec_4",
+                "matvec_8",
+                "qkv_post",
+                "attend",
+                "qkv_post_h",
+                "attend_h",
+                "silu_mul",
             ] {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),
@@ -128,9 +160,22 @@ fn opening_a_device_fails_cleanly_or_works() {
 fn the_cuda_model_gives_the_reference_tokens_and_logits() {
     let _one = one_at_a_time();
     let Some((b, gpu)) = models() else { return };
+    for (dtype, factory, ref_tolerance, cpu_tolerance) in factories(gpu) {
+        reference_tokens_and_logits(b, gpu, dtype, &factory, ref_tolerance, cpu_tolerance);
+    }
+}
+
+fn reference_tokens_and_logits(
+    b: &Bundle,
+    gpu: &CudaModel,
+    dtype: KvDtype,
+    factory: &CacheFactory,
+    ref_tolerance: f32,
+    cpu_tolerance: f32,
+) {
     let g = golden();
-    let factory = gpu.cache_factory();
     assert_eq!(factory.layout(), LayoutKind::Device);
+    let host_factory = CacheFactory::contiguous().with_dtype(dtype).unwrap();
     let (mut worst_ref, mut worst_cpu) = (0f32, 0f32);
     let start = std::time::Instant::now();
     for (i, case) in g.cases.iter().enumerate() {
@@ -138,12 +183,13 @@ fn the_cuda_model_gives_the_reference_tokens_and_logits() {
         // Progress, so that a run that stalls says where (one device run stopped at its
         // time limit inside this test; the others took about 10 s).
         eprintln!(
-            "[{:.1} s] {} ({} tokens, chunk {chunk})",
+            "[{:.1} s] {dtype} K/V: {} ({} tokens, chunk {chunk})",
             start.elapsed().as_secs_f64(),
             case.name,
             case.prompt_ids.len()
         );
-        let mut cache = gpu.new_sequence(&factory);
+        let mut cache = gpu.new_sequence(factory);
+        assert_eq!(cache.kv().dtype(), dtype);
         let out = prefill(gpu, &case.prompt_ids, &mut cache, chunk).unwrap();
         let logits = out.last_logits();
         assert_eq!(argmax(logits), case.first_step.argmax, "{}", case.name);
@@ -157,9 +203,9 @@ fn the_cuda_model_gives_the_reference_tokens_and_logits() {
         {
             let err = (logits[id as usize] - want).abs();
             worst_ref = worst_ref.max(err);
-            assert!(err < LOGIT_TOLERANCE, "{}: logit {id}: {err}", case.name);
+            assert!(err < ref_tolerance, "{}: logit {id}: {err}", case.name);
         }
-        let mut host = b.model.new_sequence(&CacheFactory::contiguous());
+        let mut host = b.model.new_sequence(&host_factory);
         let cpu = prefill(&*b.model, &case.prompt_ids, &mut host, 512).unwrap();
         for (a, w) in logits.iter().zip(cpu.last_logits()) {
             worst_cpu = worst_cpu.max((a - w).abs());
@@ -173,15 +219,49 @@ fn the_cuda_model_gives_the_reference_tokens_and_logits() {
         }
         assert_eq!(
             got, case.generated_ids,
-            "{}: greedy (chunk {chunk})",
+            "{}: greedy (chunk {chunk}, {dtype} K/V)",
             case.name
         );
     }
-    eprintln!("CUDA: worst logit error {worst_ref:e} against the reference, {worst_cpu:e} against the CPU");
-    assert!(
-        worst_cpu < CPU_TOLERANCE,
-        "CUDA and CPU logits differ by {worst_cpu}"
+    eprintln!(
+        "CUDA, {dtype} K/V: worst logit error {worst_ref:e} against the reference, \
+         {worst_cpu:e} against the CPU"
     );
+    assert!(
+        worst_cpu < cpu_tolerance,
+        "CUDA and CPU logits differ by {worst_cpu} ({dtype} K/V)"
+    );
+}
+
+/// The f16 rows the model writes on the device are its f32 rows rounded as the CPU's f16
+/// caches round (to nearest, ties to even): layer 0's K and V, whose inputs do not depend
+/// on the stored type, for a whole prompt.
+#[test]
+fn device_f16_rows_are_the_f32_rows_rounded_as_the_cpu_rounds_them() {
+    let _one = one_at_a_time();
+    let Some((_, gpu)) = models() else { return };
+    let [(_, wide, ..), (_, narrow, ..)] = factories(gpu);
+    let prompt = golden().cases[1].prompt_ids.clone();
+    let mut a = gpu.new_sequence(&wide);
+    let mut h = gpu.new_sequence(&narrow);
+    prefill(gpu, &prompt, &mut a, 64).unwrap();
+    prefill(gpu, &prompt, &mut h, 64).unwrap();
+    let n = prompt.len();
+    let row = gpu.state_shape().kv.row_len();
+    let (mut k, mut v) = (vec![0f32; n * row], vec![0f32; n * row]);
+    a.kv().read_rows(0, 0..n, &mut k, &mut v).unwrap();
+    let bytes = KvDtype::F16.bytes(n * row);
+    let (mut kh, mut vh) = (vec![0u8; bytes], vec![0u8; bytes]);
+    h.kv().read_raw(0, 0..n, &mut kh, &mut vh).unwrap();
+    assert_eq!(kh, KvDtype::F16.encode(&k), "K");
+    assert_eq!(vh, KvDtype::F16.encode(&v), "V");
+    // And the snapshot the bank keeps is a host copy of the same bytes, half the size.
+    let snap = h.kv().snapshot();
+    assert_eq!((snap.dtype(), snap.len()), (KvDtype::F16, n));
+    let (mut ks, mut vs) = (vec![0u8; bytes], vec![0u8; bytes]);
+    snap.read_raw(0, 0..n, &mut ks, &mut vs).unwrap();
+    assert_eq!((ks, vs), (kh, vh));
+    assert_eq!(2 * snap.logical_bytes(), a.kv().snapshot().logical_bytes());
 }
 
 /// A row's logits and hidden state are the same bits in a verify block, a decode step and
@@ -190,11 +270,16 @@ fn the_cuda_model_gives_the_reference_tokens_and_logits() {
 fn a_row_is_the_same_bits_in_any_block() {
     let _one = one_at_a_time();
     let Some((_, gpu)) = models() else { return };
-    let factory = gpu.cache_factory();
+    for (_, factory, ..) in factories(gpu) {
+        same_bits_in_any_block(gpu, &factory);
+    }
+}
+
+fn same_bits_in_any_block(gpu: &CudaModel, factory: &CacheFactory) {
     let shape = gpu.state_shape();
     let prompt: Vec<u32> = golden().cases[0].prompt_ids.clone();
     let block = [28u32, 3405, 282, 4649, 314, 7042];
-    let mut a = Sequence::new(&factory, &shape);
+    let mut a = Sequence::new(factory, &shape);
     prefill(gpu, &prompt, &mut a, 512).unwrap();
     let mut b = a.fork();
     let all = gpu.forward(&block, &mut a, Want::All).unwrap();
@@ -211,7 +296,7 @@ fn a_row_is_the_same_bits_in_any_block() {
     whole.extend_from_slice(&block);
     let mut last = None;
     for chunk in [1, 3, 8, 9, 512] {
-        let mut c = Sequence::new(&factory, &shape);
+        let mut c = Sequence::new(factory, &shape);
         let out = prefill(gpu, &whole, &mut c, chunk).unwrap();
         if let Some(prev) = &last {
             assert_eq!(out.last_logits(), prev, "chunk {chunk}");
@@ -227,20 +312,25 @@ fn a_row_is_the_same_bits_in_any_block() {
 fn device_caches_snapshot_restore_fork_and_truncate() {
     let _one = one_at_a_time();
     let Some((_, gpu)) = models() else { return };
-    let factory = gpu.cache_factory();
+    for (dtype, factory, ..) in factories(gpu) {
+        snapshot_restore_fork_and_truncate(gpu, dtype, &factory);
+    }
+}
+
+fn snapshot_restore_fork_and_truncate(gpu: &CudaModel, dtype: KvDtype, factory: &CacheFactory) {
     let shape = gpu.state_shape();
     let prompt = golden().cases[1].prompt_ids.clone();
     // A cache that never held a row forks too.
-    assert_eq!(Sequence::new(&factory, &shape).fork().len(), 0);
-    let mut cache = Sequence::new(&factory, &shape);
+    assert_eq!(Sequence::new(factory, &shape).fork().len(), 0);
+    let mut cache = Sequence::new(factory, &shape);
     prefill(gpu, &prompt, &mut cache, 64).unwrap();
     let n = cache.len();
     assert_eq!(n, prompt.len());
     let snap = cache.kv().snapshot();
     assert_eq!(
-        snap.layout(),
-        LayoutKind::Contiguous,
-        "snapshots are host copies"
+        (snap.layout(), snap.dtype()),
+        (LayoutKind::Contiguous, dtype),
+        "snapshots are host copies of the stored values"
     );
     assert_eq!(snap.len(), n);
     let row = shape.kv.row_len();
@@ -253,8 +343,9 @@ fn device_caches_snapshot_restore_fork_and_truncate() {
     }
     let next = [42u32];
     let want = gpu.forward(&next, &mut cache.fork(), Want::Last).unwrap();
-    // From the host snapshot, through a paged cache, back to the device.
-    let paged = CacheFactory::paged().restore(&*snap, n).unwrap();
+    // From the host snapshot, through a paged cache of the same type, back to the device.
+    let paged = CacheFactory::paged().with_dtype(dtype).unwrap();
+    let paged = paged.restore(&*snap, n).unwrap();
     let mut back = Sequence::from(factory.restore(&*paged, n).unwrap());
     assert_eq!(back.kv().layout(), LayoutKind::Device);
     let got = gpu.forward(&next, &mut back, Want::Last).unwrap();

@@ -178,7 +178,7 @@ pub struct Config {
     pub weights: Option<Weights>,
     /// Where the model runs: `cpu` (mtplx's kernels), or an NVIDIA GPU, `cuda` (device 0)
     /// or `cuda:N`, which needs a build with `--features cuda` and serves dense models
-    /// (Llama, Qwen2, Qwen3) with f32 K/V.
+    /// (Llama, Qwen2, Qwen3) with f16 or f32 K/V.
     #[arg(
         long,
         env = "MTPLX_DEVICE",
@@ -196,7 +196,7 @@ pub struct Config {
     /// The element type K/V rows are stored in, in RAM and on the SSD tier: `f16` halves
     /// what `f32` costs and keeps the reference's greedy tokens on the default model; each
     /// row is rounded once, when written. States stored under another type are not reused
-    /// (`ssd_kv_format_mismatch`) [default: f16; f32 on a device, which stores no other].
+    /// (`ssd_kv_format_mismatch`) [default: f16; a device stores f16 or f32].
     #[arg(long, env = "MTPLX_KV_DTYPE")]
     pub kv_dtype: Option<KvDtype>,
     /// Quantize K/V rows in groups of 32 values instead (`q8`, `q4`; also `--kv-dtype q8`):
@@ -375,7 +375,8 @@ impl Config {
     }
 
     /// Refuses what a model on a device can't do: a build without the device's backend,
-    /// K/V stored as anything but `f32`, a host KV layout, weights held another way.
+    /// K/V stored as anything but `f16` or `f32`, a host KV layout, weights held another
+    /// way.
     fn check_device(&self) -> Result<(), String> {
         let device = self.device;
         if device == Device::Cpu {
@@ -384,10 +385,13 @@ impl Config {
         if !cfg!(feature = "cuda") {
             return Err(DeviceError::NotBuilt(device).to_string());
         }
-        if let Some(dtype) = self.explicit_kv_dtype().filter(|&d| d != KvDtype::F32) {
+        if let Some(dtype) = self
+            .explicit_kv_dtype()
+            .filter(|d| !matches!(d, KvDtype::F16 | KvDtype::F32))
+        {
             return Err(format!(
-                "--device {device}: device K/V caches store f32 only for now, not {dtype}; \
-                 drop --kv-dtype / --kv-quant (f32 is the default on a device)"
+                "--device {device}: device K/V caches store f16 or f32, not {dtype}; \
+                 use --kv-dtype f16 (the default) or f32"
             ));
         }
         if self.kv_layout.is_some() {
@@ -417,13 +421,9 @@ impl Config {
         }
     }
 
-    /// The K/V element type: the one the flags name, else `f16` on the CPU and `f32` on a
-    /// device.
+    /// The K/V element type: the one the flags name, else `f16`, on the CPU as on a device.
     pub fn kv_dtype(&self) -> KvDtype {
-        self.explicit_kv_dtype().unwrap_or(match self.device {
-            Device::Cpu => KvDtype::F16,
-            Device::Cuda(_) => KvDtype::F32,
-        })
+        self.explicit_kv_dtype().unwrap_or(KvDtype::F16)
     }
 
     /// Where the request log goes, `None` when off.

@@ -86,8 +86,8 @@ impl Backend {
 pub struct DeviceModel {
     /// The device, in words: `cuda:0 (NVIDIA H200)`.
     pub name: String,
-    /// The factory of the model's own caches (`LayoutKind::Device`, `f32` rows): the
-    /// engine decodes in them, restores are built in them, and the MTP head's one-layer
+    /// The factory of the model's own caches (`LayoutKind::Device`, `f16` or `f32` rows,
+    /// as the tier's K/V type says): the engine decodes in them, restores are built in them, and the MTP head's one-layer
     /// cache is one of them.
     pub caches: CacheFactory,
     /// The MTP head, uploaded beside the model; `None` when speculation drafts by prompt
@@ -203,15 +203,14 @@ mod tests {
 
     #[cfg(feature = "cuda")]
     #[test]
-    fn a_cuda_device_keeps_f32_kv_in_its_own_caches_and_refuses_other_types() {
+    fn a_cuda_device_keeps_f16_kv_in_its_own_caches_and_refuses_other_types() {
         let gpu = parse(&["--device", "cuda"]);
         assert_eq!(gpu.check(), Ok(()));
         let t = gpu.tier_config();
-        assert_eq!((t.kv_dtype, t.layout), (KvDtype::F32, LayoutKind::Device));
-        assert_eq!(
-            parse(&["--device", "cuda:1", "--kv-dtype", "f32"]).check(),
-            Ok(())
-        );
+        assert_eq!((t.kv_dtype, t.layout), (KvDtype::F16, LayoutKind::Device));
+        let wide = parse(&["--device", "cuda:1", "--kv-dtype", "f32"]);
+        assert_eq!(wide.check(), Ok(()));
+        assert_eq!(wide.tier_config().kv_dtype, KvDtype::F32);
         assert_eq!(
             parse(&[
                 "--device",
@@ -225,18 +224,14 @@ mod tests {
             Ok(())
         );
         for refused in [
-            &["--kv-dtype", "f16"][..],
-            &["--kv-dtype", "bf16"],
+            &["--kv-dtype", "bf16"][..],
             &["--kv-quant", "q8"],
             &["--kv-dtype", "q4"],
         ] {
             let mut args = vec!["--device", "cuda"];
             args.extend(refused);
             let e = parse(&args).check().unwrap_err();
-            assert!(
-                e.contains("device K/V caches store f32 only for now"),
-                "{e}"
-            );
+            assert!(e.contains("device K/V caches store f16 or f32"), "{e}");
             assert!(e.starts_with("--device cuda:0: "), "{e}");
         }
         for (flag, value) in [("--kv-layout", "paged"), ("--weights", "quantized")] {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use mtplx_kv::{
-    Contiguous, KvCache, KvDtype, KvError, KvShape, KvView, LayoutKind, MakeDeviceCache,
+    CacheFactory, KvCache, KvDtype, KvError, KvShape, KvView, Layout, LayoutKind, MakeDeviceCache,
 };
 
 use super::device::CudaDevice;
@@ -13,16 +13,19 @@ use super::device::CudaDevice;
 /// Positions a cache grows by.
 const GROW: usize = 256;
 
-/// K/V rows in device memory: per layer one buffer of K and one of V, `[capacity, row]`,
-/// grown (copied into a larger buffer) 256 positions at a time. The CUDA model writes and
-/// attends over them in place; [`KvCache::append`] and [`KvView::read_rows`] copy rows in
-/// and out, so restores, snapshots (host copies, [`Contiguous`]) and conversions work as
-/// with any other layout.
+/// K/V rows in device memory: per layer one buffer of K and one of V, `[capacity, row]`
+/// values stored as `f32` or `f16` (rounded once, when the model writes a row), grown
+/// (copied into a larger buffer) 256 positions at a time. The CUDA model writes and attends
+/// over them in place; [`KvCache::append`], [`KvCache::append_stored`] and the
+/// [`KvView`] reads copy rows in and out, so restores, snapshots (host copies in the same
+/// type, [`mtplx_kv::Contiguous`]) and conversions work as with any other layout.
 pub struct CudaKvCache {
     dev: Arc<CudaDevice>,
     shape: KvShape,
-    k: Vec<CudaSlice<f32>>,
-    v: Vec<CudaSlice<f32>>,
+    dtype: KvDtype,
+    /// The stored values' bytes.
+    k: Vec<CudaSlice<u8>>,
+    v: Vec<CudaSlice<u8>>,
     lens: Vec<usize>,
     capacity: usize,
 }
@@ -32,15 +35,23 @@ fn kv_error(e: crate::ModelError) -> KvError {
 }
 
 impl CudaKvCache {
-    pub fn new(dev: Arc<CudaDevice>, shape: KvShape) -> Self {
+    /// An empty cache storing `dtype` (one [`CudaDevice::stores_kv`] takes).
+    pub fn new(dev: Arc<CudaDevice>, shape: KvShape, dtype: KvDtype) -> Self {
+        assert!(dev.stores_kv(dtype), "{dtype} K/V on this device");
         CudaKvCache {
             dev,
             k: Vec::new(),
             v: Vec::new(),
             lens: vec![0; shape.layers],
             shape,
+            dtype,
             capacity: 0,
         }
+    }
+
+    /// Bytes of `positions` rows.
+    fn row_bytes(&self, positions: usize) -> usize {
+        self.dtype.bytes(positions * self.shape.row_len())
     }
 
     /// Makes room for `len` positions in every layer.
@@ -49,14 +60,19 @@ impl CudaKvCache {
             return Ok(());
         }
         let cap = len.div_ceil(GROW).max(1) * GROW;
-        let row = self.shape.row_len();
         let mut k = Vec::with_capacity(self.shape.layers);
         let mut v = Vec::with_capacity(self.shape.layers);
         for layer in 0..self.shape.layers {
-            let mut nk = self.dev.zeros::<f32>(cap * row).map_err(kv_error)?;
-            let mut nv = self.dev.zeros::<f32>(cap * row).map_err(kv_error)?;
+            let mut nk = self
+                .dev
+                .zeros::<u8>(self.row_bytes(cap))
+                .map_err(kv_error)?;
+            let mut nv = self
+                .dev
+                .zeros::<u8>(self.row_bytes(cap))
+                .map_err(kv_error)?;
             if let (Some(ok), Some(ov)) = (self.k.get(layer), self.v.get(layer)) {
-                let used = self.lens[layer] * row;
+                let used = self.row_bytes(self.lens[layer]);
                 self.dev.copy(ok, &mut nk, used).map_err(kv_error)?;
                 self.dev.copy(ov, &mut nv, used).map_err(kv_error)?;
             }
@@ -101,31 +117,15 @@ impl CudaKvCache {
         }
         Ok(())
     }
-}
 
-impl KvView for CudaKvCache {
-    fn shape(&self) -> KvShape {
-        self.shape
-    }
-
-    fn layout(&self) -> LayoutKind {
-        LayoutKind::Device
-    }
-
-    fn dtype(&self) -> KvDtype {
-        KvDtype::F32
-    }
-
-    fn layer_len(&self, layer: usize) -> usize {
-        self.lens[layer]
-    }
-
-    fn read_rows(
+    /// Checks that rows `range` of `layer` are stored and that outputs of `got` (bytes or
+    /// values) hold the `need` they take.
+    fn check_read(
         &self,
         layer: usize,
-        range: Range<usize>,
-        k: &mut [f32],
-        v: &mut [f32],
+        range: &Range<usize>,
+        got: usize,
+        need: usize,
     ) -> Result<(), KvError> {
         self.check_layer(layer)?;
         let len = self.lens[layer];
@@ -136,65 +136,19 @@ impl KvView for CudaKvCache {
                 len,
             });
         }
-        let row = self.shape.row_len();
-        let n = range.len() * row;
-        if k.len() < n || v.len() < n {
+        if got < need {
             return Err(KvError::OutputSize {
-                got: k.len().min(v.len()),
-                expected: n,
+                got,
+                expected: need,
             });
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let at = range.start * row;
-        self.dev
-            .read(&self.k[layer], at, &mut k[..n])
-            .map_err(kv_error)?;
-        self.dev
-            .read(&self.v[layer], at, &mut v[..n])
-            .map_err(kv_error)
-    }
-
-    /// `f32`, read back as its bytes (the host's byte order, as the SSD tier stores them).
-    fn read_raw(
-        &self,
-        layer: usize,
-        range: Range<usize>,
-        k: &mut [u8],
-        v: &mut [u8],
-    ) -> Result<(), KvError> {
-        let n = range.len() * self.shape.row_len();
-        if k.len() != 4 * n || v.len() != 4 * n {
-            return Err(KvError::OutputSize {
-                got: k.len().min(v.len()),
-                expected: 4 * n,
-            });
-        }
-        let (mut kf, mut vf) = (vec![0f32; n], vec![0f32; n]);
-        self.read_rows(layer, range, &mut kf, &mut vf)?;
-        for (bytes, values) in [(k, kf), (v, vf)] {
-            for (b, x) in bytes.chunks_exact_mut(4).zip(values) {
-                b.copy_from_slice(&x.to_ne_bytes());
-            }
         }
         Ok(())
     }
 
-    fn logical_bytes(&self) -> usize {
-        self.len() * self.shape.bytes_per_token(KvDtype::F32)
-    }
-
-    /// Device memory held (K and V of every layer, at capacity).
-    fn physical_bytes(&self) -> usize {
-        self.capacity * self.shape.bytes_per_token(KvDtype::F32)
-    }
-}
-
-impl KvCache for CudaKvCache {
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+    /// Appends rows given as stored bytes (checked whole rows of this cache's type).
+    fn append_bytes(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
         self.check_layer(layer)?;
-        let row = self.shape.row_len();
+        let row = self.row_bytes(1);
         if !k.len().is_multiple_of(row) {
             return Err(KvError::RaggedRows {
                 what: "K",
@@ -211,14 +165,107 @@ impl KvCache for CudaKvCache {
         let n = k.len() / row;
         let at = self.lens[layer];
         self.reserve(at + n)?;
+        let at = at * row;
         self.dev
-            .write(k, &mut self.k[layer], at * row)
+            .write(k, &mut self.k[layer], at)
             .map_err(kv_error)?;
         self.dev
-            .write(v, &mut self.v[layer], at * row)
+            .write(v, &mut self.v[layer], at)
             .map_err(kv_error)?;
         self.lens[layer] += n;
         Ok(())
+    }
+}
+
+impl KvView for CudaKvCache {
+    fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn layout(&self) -> LayoutKind {
+        LayoutKind::Device
+    }
+
+    fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    fn layer_len(&self, layer: usize) -> usize {
+        self.lens[layer]
+    }
+
+    /// The stored values widened to `f32` (exactly).
+    fn read_rows(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), KvError> {
+        let n = range.len() * self.shape.row_len();
+        self.check_read(layer, &range, k.len().min(v.len()), n)?;
+        let bytes = self.row_bytes(range.len());
+        let (mut kb, mut vb) = (vec![0u8; bytes], vec![0u8; bytes]);
+        self.read_raw(layer, range, &mut kb, &mut vb)?;
+        for (out, raw) in [(k, kb), (v, vb)] {
+            let wide = self
+                .dtype
+                .decode(&raw)
+                .expect("whole rows of the cache's type");
+            out[..n].copy_from_slice(&wide);
+        }
+        Ok(())
+    }
+
+    /// The stored values' bytes (the host's byte order, as the SSD tier stores them),
+    /// copied straight from the device.
+    fn read_raw(
+        &self,
+        layer: usize,
+        range: Range<usize>,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<(), KvError> {
+        let n = self.row_bytes(range.len());
+        self.check_read(layer, &range, k.len().min(v.len()), n)?;
+        if k.len() != n || v.len() != n {
+            return Err(KvError::OutputSize {
+                got: k.len().min(v.len()),
+                expected: n,
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let at = self.row_bytes(range.start);
+        self.dev.read(&self.k[layer], at, k).map_err(kv_error)?;
+        self.dev.read(&self.v[layer], at, v).map_err(kv_error)
+    }
+
+    /// Device memory held (K and V of every layer, at capacity).
+    fn physical_bytes(&self) -> usize {
+        self.capacity * self.shape.bytes_per_token(self.dtype)
+    }
+}
+
+impl KvCache for CudaKvCache {
+    /// Rounds the rows to the stored type on the host, then copies them in.
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        let row = self.shape.row_len();
+        if !k.len().is_multiple_of(row) {
+            return Err(KvError::RaggedRows {
+                what: "K",
+                got: k.len(),
+                row_len: row,
+            });
+        }
+        let dtype = self.dtype;
+        self.append_bytes(layer, &dtype.encode(k), &dtype.encode(v))
+    }
+
+    /// Stored bytes go to the device as they are: a restore never rounds them again.
+    fn append_stored(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        self.append_bytes(layer, k, v)
     }
 
     /// Attention for host queries: the rows go to the host and the shared host kernel runs
@@ -234,18 +281,15 @@ impl KvCache for CudaKvCache {
     ) -> Result<(), KvError> {
         self.check_layer(layer)?;
         let len = self.lens[layer];
-        let row = self.shape.row_len();
-        let mut host = Contiguous::new(
-            KvShape {
-                layers: 1,
-                ..self.shape
-            },
-            len.max(1),
-        );
-        let mut k = vec![0f32; len * row];
-        let mut v = vec![0f32; len * row];
-        self.read_rows(layer, 0..len, &mut k, &mut v)?;
-        host.append(0, &k, &v)?;
+        let one = KvShape {
+            layers: 1,
+            ..self.shape
+        };
+        let mut host = host_factory(len, self.dtype).new_cache(one);
+        let bytes = self.row_bytes(len);
+        let (mut k, mut v) = (vec![0u8; bytes], vec![0u8; bytes]);
+        self.read_raw(layer, 0..len, &mut k, &mut v)?;
+        host.append_stored(0, &k, &v)?;
         host.attend(0, q, q_heads, scale, out)
     }
 
@@ -255,34 +299,37 @@ impl KvCache for CudaKvCache {
         }
     }
 
+    /// A host copy in the same type, each layer's rows read from the device straight into
+    /// the copy's own buffers.
     fn snapshot(&self) -> Arc<dyn KvView> {
         let len = self.len();
-        let row = self.shape.row_len();
-        let mut host = Contiguous::new(self.shape, len.max(1));
-        let mut k = vec![0f32; len * row];
-        let mut v = vec![0f32; len * row];
-        for layer in 0..self.shape.layers {
-            // A device that fails a copy here has failed the whole process's work; there
-            // is no partial snapshot to return.
-            self.read_rows(layer, 0..len, &mut k, &mut v)
-                .expect("copy the KV rows from the device");
-            host.append(layer, &k, &v)
-                .expect("rows of the cache's own shape");
+        let mut host = host_factory(len, self.dtype).new_cache(self.shape);
+        if len > 0 {
+            let lent = host
+                .append_in_place(len)
+                .expect("a contiguous cache lends its rows");
+            for (layer, lent) in lent.into_iter().enumerate() {
+                for p in lent.pieces {
+                    // A device that fails a copy here has failed the whole process's work;
+                    // there is no partial snapshot to return.
+                    self.read_raw(layer, p.positions, p.k, p.v)
+                        .expect("copy the KV rows from the device");
+                }
+            }
         }
-        Arc::new(host)
+        Arc::<dyn KvCache>::from(host)
     }
 
     fn fork(&self) -> Box<dyn KvCache> {
-        let mut f = CudaKvCache::new(self.dev.clone(), self.shape);
+        let mut f = CudaKvCache::new(self.dev.clone(), self.shape, self.dtype);
         if self.k.is_empty() {
             // Nothing allocated, so nothing written yet.
             return Box::new(f);
         }
         let len = self.lens.iter().copied().max().unwrap_or(0);
         f.reserve(len).expect("allocate the fork's device rows");
-        let row = self.shape.row_len();
         for layer in 0..self.shape.layers {
-            let used = self.lens[layer] * row;
+            let used = self.row_bytes(self.lens[layer]);
             self.dev
                 .copy(&self.k[layer], &mut f.k[layer], used)
                 .expect("copy K on the device");
@@ -309,12 +356,25 @@ impl Drop for CudaKvCache {
     }
 }
 
+/// A host cache of `dtype` rows that holds `len` positions in one buffer a layer.
+fn host_factory(len: usize, dtype: KvDtype) -> CacheFactory {
+    CacheFactory::from(Layout::Contiguous {
+        chunk_tokens: len.max(1),
+    })
+    .with_dtype(dtype)
+    .expect("a host layout stores every type")
+}
+
 /// Builds [`CudaKvCache`]s: `CacheFactory::device(DeviceCaches(Arc::new(CudaCaches(dev))))`.
 pub struct CudaCaches(pub Arc<CudaDevice>);
 
 impl MakeDeviceCache for CudaCaches {
-    fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
-        Box::new(CudaKvCache::new(self.0.clone(), shape))
+    fn stores(&self, dtype: KvDtype) -> bool {
+        self.0.stores_kv(dtype)
+    }
+
+    fn new_cache(&self, shape: KvShape, dtype: KvDtype) -> Box<dyn KvCache> {
+        Box::new(CudaKvCache::new(self.0.clone(), shape, dtype))
     }
 
     fn name(&self) -> String {

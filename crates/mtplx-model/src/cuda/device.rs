@@ -10,6 +10,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
+use mtplx_kv::KvDtype;
 
 use super::q8::Q8Kernels;
 use super::source::{
@@ -45,6 +46,14 @@ struct Kernels {
     /// The products with 8-bit activations (none in an older source).
     q8: Option<Q8Kernels>,
     silu_mul: CudaFunction,
+    /// K/V writes and attention for `f32` caches, then for `f16` caches (none in an older
+    /// source).
+    kv_f32: KvKernels,
+    kv_f16: Option<KvKernels>,
+}
+
+/// The kernels that touch a cache's rows, built for one stored type.
+struct KvKernels {
     qkv_post: CudaFunction,
     attend: CudaFunction,
 }
@@ -132,8 +141,17 @@ impl CudaDevice {
             shape,
             q8,
             silu_mul: f("silu_mul")?,
-            qkv_post: f("qkv_post")?,
-            attend: f("attend")?,
+            kv_f32: KvKernels {
+                qkv_post: f("qkv_post")?,
+                attend: f("attend")?,
+            },
+            kv_f16: match module.load_function("attend_h") {
+                Ok(attend) => Some(KvKernels {
+                    qkv_post: f("qkv_post_h")?,
+                    attend,
+                }),
+                Err(_) => None,
+            },
         };
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx
@@ -156,6 +174,24 @@ impl CudaDevice {
 
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// Whether caches on this device can store K/V as `dtype`: `f32`, and `f16` with a
+    /// kernel source that has its kernels.
+    pub fn stores_kv(&self, dtype: KvDtype) -> bool {
+        self.kv_kernels(dtype).is_ok()
+    }
+
+    fn kv_kernels(&self, dtype: KvDtype) -> Result<&KvKernels> {
+        match dtype {
+            KvDtype::F32 => Ok(&self.k.kv_f32),
+            KvDtype::F16 => self.k.kv_f16.as_ref().ok_or_else(|| {
+                ModelError::Device("this kernel source has no kernels for f16 K/V".into())
+            }),
+            other => Err(ModelError::Device(format!(
+                "K/V on the device is stored as f32 or f16, not {other}"
+            ))),
+        }
     }
 
     /// The device's name as the driver reports it.
@@ -427,13 +463,15 @@ impl CudaDevice {
     }
 
     /// Splits QKV rows, rotates Q and K at positions `meta[0] + r`, writes K and V into
-    /// the cache rows of `layer` named by `kv` (device addresses, see the source).
+    /// the cache rows of `layer` named by `kv` (device addresses, see the source), stored
+    /// as `kv_dtype`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn qkv_post(
         &self,
         qkv: &CudaSlice<f32>,
         q_out: &mut CudaSlice<f32>,
         kv: &CudaSlice<u64>,
+        kv_dtype: KvDtype,
         layer: usize,
         rope: &DeviceRope,
         heads: (usize, usize, usize),
@@ -448,7 +486,9 @@ impl CudaDevice {
             Some((q, k)) => (self.address(q), self.address(k)),
             None => (0u64, 0u64),
         };
-        let mut b = self.stream.launch_builder(&self.k.qkv_post);
+        let mut b = self
+            .stream
+            .launch_builder(&self.kv_kernels(kv_dtype)?.qkv_post);
         b.arg(qkv)
             .arg(q_out)
             .arg(kv)
@@ -497,6 +537,7 @@ impl CudaDevice {
         &self,
         q: &CudaSlice<f32>,
         kv: &CudaSlice<u64>,
+        kv_dtype: KvDtype,
         layer: usize,
         parts: &mut AttendParts,
         out: &mut CudaSlice<f32>,
@@ -508,6 +549,7 @@ impl CudaDevice {
     ) -> Result<()> {
         let (qh, kvh, hd) = heads;
         let shared = self.attend_shared_bytes(hd)?;
+        let kernel = &self.kv_kernels(kv_dtype)?.attend;
         let count = max_len.div_ceil(ATTEND_KEYS);
         let (qhi, kvhi, hdi) = (qh as i32, kvh as i32, hd as i32);
         let (li, pi) = (layer as i32, count as i32);
@@ -515,7 +557,7 @@ impl CudaDevice {
         while r0 < n {
             let rows_now = (n - r0).min(ATTEND_ROWS);
             let r0i = r0 as i32;
-            let mut b = self.stream.launch_builder(&self.k.attend);
+            let mut b = self.stream.launch_builder(kernel);
             b.arg(q)
                 .arg(kv)
                 .arg(&li)

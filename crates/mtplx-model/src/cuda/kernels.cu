@@ -798,19 +798,45 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
 MATVEC_Q8(8)
 MATVEC_Q8(10)
 
+// ---- K/V rows as the cache stores them ----
+//
+// A cache stores K and V as f32 (`float`) or as IEEE halves (`unsigned short`, the bits):
+// a value is rounded to the stored type once, when its row is written (to nearest, ties to
+// even, as the CPU's f16 caches round), and read back exactly. `_h` kernels are the f16
+// caches' builds of the same code.
+__device__ __forceinline__ void kv_put(float* p, float x) { *p = x; }
+__device__ __forceinline__ void kv_put(unsigned short* p, float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    *p = h;
+}
+// Four consecutive stored values from p (16-byte aligned for f32, 8 for f16), widened.
+__device__ __forceinline__ float4 kv_get4(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 kv_get4(const unsigned short* p) {
+    uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(half_bits((unsigned short)(u.x & 0xffffu)),
+                       half_bits((unsigned short)(u.x >> 16)),
+                       half_bits((unsigned short)(u.y & 0xffffu)),
+                       half_bits((unsigned short)(u.y >> 16)));
+}
+
 // Splits fused QKV rows ([n, qd + 2 kvd]), norms each Q and K head by its RMS (Qwen3's
 // per-head norms, when `qn` is given), rotates Q and K (RoPE at positions pos0 + r), writes Q
-// to q_out ([n, qd]) and K, V into the layer's cache rows row0 + r ([cap, kvd]). One block
-// per row.
+// to q_out ([n, qd]) and K, V into the layer's cache rows row0 + r ([cap, kvd], stored as
+// KV). One block per row.
 #define MAX_NORM_HEADS 256
-extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
-                                    const unsigned long long* kv, int layer,
-                                    const float* cos_t, const float* sin_t, int qh, int kvh,
-                                    int hd, const unsigned* meta, int interleaved,
-                                    const float* qn, const float* kn, float eps) {
+template <typename KV>
+__device__ __forceinline__ void qkv_post_rows(const float* qkv, float* q_out,
+                                              const unsigned long long* kv, int layer,
+                                              const float* cos_t, const float* sin_t, int qh,
+                                              int kvh, int hd, const unsigned* meta,
+                                              int interleaved, const float* qn,
+                                              const float* kn, float eps) {
     __shared__ float inv[MAX_NORM_HEADS];
-    float* kc = (float*)kv[2 * layer];
-    float* vc = (float*)kv[2 * layer + 1];
+    KV* kc = (KV*)kv[2 * layer];
+    KV* vc = (KV*)kv[2 * layer + 1];
     int r = blockIdx.x;
     int half = hd / 2, qd = qh * hd, kvd = kvh * hd;
     // The cache row written, and the position rotated for.
@@ -837,7 +863,6 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
             int u = is_q ? t : t - pairs_q;
             int head = u / half, i = u % half;
             const float* src = src_row + (is_q ? 0 : qd) + head * hd;
-            float* dst = is_q ? q_out + (long long)r * qd + head * hd : kc + (long long)row * kvd + head * hd;
             int ia = interleaved ? 2 * i : i;
             int ib = interleaved ? 2 * i + 1 : i + half;
             float a = src[ia], b = src[ib];
@@ -847,13 +872,31 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
                 a = a * k * nw[ia];
                 b = b * k * nw[ib];
             }
-            dst[ia] = a * c[i] - b * s[i];
-            dst[ib] = a * s[i] + b * c[i];
+            float ra = a * c[i] - b * s[i], rb = a * s[i] + b * c[i];
+            if (is_q) {
+                float* dst = q_out + (long long)r * qd + head * hd;
+                dst[ia] = ra;
+                dst[ib] = rb;
+            } else {
+                KV* dst = kc + (long long)row * kvd + head * hd;
+                kv_put(dst + ia, ra);
+                kv_put(dst + ib, rb);
+            }
         } else {
             int j = t - pairs_q - pairs_k;
-            vc[(long long)row * kvd + j] = src_row[qd + kvd + j];
+            kv_put(vc + (long long)row * kvd + j, src_row[qd + kvd + j]);
         }
     }
+}
+
+#define QKV_POST_ARGS                                                                      \
+    const float *qkv, float *q_out, const unsigned long long *kv, int layer,                \
+        const float *cos_t, const float *sin_t, int qh, int kvh, int hd,                    \
+        const unsigned *meta, int interleaved, const float *qn, const float *kn, float eps
+#define QKV_POST_CALL qkv, q_out, kv, layer, cos_t, sin_t, qh, kvh, hd, meta, interleaved, qn, kn, eps
+extern "C" __global__ void qkv_post(QKV_POST_ARGS) { qkv_post_rows<float>(QKV_POST_CALL); }
+extern "C" __global__ void qkv_post_h(QKV_POST_ARGS) {
+    qkv_post_rows<unsigned short>(QKV_POST_CALL);
 }
 
 // Attention is computed in parts of KEYS consecutive cache positions and merged: no part
@@ -876,13 +919,15 @@ extern "C" __global__ void qkv_post(const float* qkv, float* q_out,
 // last for its (row, head) (counted in `done`, which it sets back to 0) merges them all in
 // part order into out ([n, qh, hd]): the largest max first, then the parts' sums rescaled to
 // it. A row's output does not depend on which part finished last.
-extern "C" __global__ void attend(const float* q, const unsigned long long* kv, int layer,
-                                  float* part, int* done, float* out, int qh, int kvh, int hd,
-                                  const unsigned* meta, float scale, int r0, int parts) {
+template <typename KV>
+__device__ __forceinline__ void attend_part(const float* q, const unsigned long long* kv,
+                                            int layer, float* part, int* done, float* out,
+                                            int qh, int kvh, int hd, const unsigned* meta,
+                                            float scale, int r0, int parts) {
     extern __shared__ float sh[];
     __shared__ int last;
-    const float* kc = (const float*)kv[2 * layer];
-    const float* vc = (const float*)kv[2 * layer + 1];
+    const KV* kc = (const KV*)kv[2 * layer];
+    const KV* vc = (const KV*)kv[2 * layer + 1];
     int r = r0 + blockIdx.x, h = blockIdx.y, ps = blockIdx.z;
     int g = h / (qh / kvh);
     int len = (int)meta[0] + r + 1, kvd = kvh * hd;
@@ -915,7 +960,7 @@ extern "C" __global__ void attend(const float* q, const unsigned long long* kv, 
             for (int u = 0; u < ATTEND_INFLIGHT; u++) {
                 int jj = j + u * warps;
                 if (jj < cnt) {
-                    float4 b = reinterpret_cast<const float4*>(kc + (long long)(j0 + jj) * kvd + g * hd)[d];
+                    float4 b = kv_get4(kc + (long long)(j0 + jj) * kvd + g * hd + 4 * d);
                     float v = t[u];
                     v = __fmaf_rn(a.x, b.x, v);
                     v = __fmaf_rn(a.y, b.y, v);
@@ -951,11 +996,10 @@ extern "C" __global__ void attend(const float* q, const unsigned long long* kv, 
     int a0 = warp * chunk, a1 = min(cnt, a0 + chunk);
     for (int d = lane; d < hd4; d += 32) {
         float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float4* v = reinterpret_cast<const float4*>(vc + (long long)j0 * kvd + g * hd) + d;
-        int kvd4 = kvd >> 2;
+        const KV* v = vc + (long long)j0 * kvd + g * hd + 4 * d;
 #pragma unroll 8
         for (int j = a0; j < a1; j++) {
-            float4 b = v[(long long)j * kvd4];
+            float4 b = kv_get4(v + (long long)j * kvd);
             float e = sc[j];
             t.x = __fmaf_rn(e, b.x, t.x);
             t.y = __fmaf_rn(e, b.y, t.y);
@@ -1010,6 +1054,14 @@ extern "C" __global__ void attend(const float* q, const unsigned long long* kv, 
     }
     if (threadIdx.x == 0) *counter = 0;
 }
+
+#define ATTEND_ARGS                                                                        \
+    const float *q, const unsigned long long *kv, int layer, float *part, int *done,        \
+        float *out, int qh, int kvh, int hd, const unsigned *meta, float scale, int r0,     \
+        int parts
+#define ATTEND_CALL q, kv, layer, part, done, out, qh, kvh, hd, meta, scale, r0, parts
+extern "C" __global__ void attend(ATTEND_ARGS) { attend_part<float>(ATTEND_CALL); }
+extern "C" __global__ void attend_h(ATTEND_ARGS) { attend_part<unsigned short>(ATTEND_CALL); }
 
 // out[r, i] = silu(gu[r, i]) * gu[r, width + i] for rows of [gate | up].
 extern "C" __global__ void silu_mul(const float* gu, float* out, int width, int total) {

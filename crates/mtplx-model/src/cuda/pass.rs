@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use cudarc::driver::{CudaGraph, CudaSlice};
+use mtplx_kv::{KvDtype, KvView};
 
 use super::cache::CudaKvCache;
 use super::device::{AttendParts, CudaDevice, DeviceMatrix, DeviceRope};
@@ -31,6 +32,8 @@ pub(super) struct Scratch {
     /// The cache's K and V addresses per layer, and what was last written there.
     pub(super) kv: CudaSlice<u64>,
     pub(super) kv_host: Vec<u64>,
+    /// The type the cache stores its rows as, which picks the kernels that touch them.
+    pub(super) kv_dtype: KvDtype,
     /// One captured pass over the layers per row count up to [`GRAPH_ROWS`].
     pub(super) graphs: HashMap<usize, Graph>,
     pub(super) x: CudaSlice<f32>,
@@ -79,6 +82,7 @@ impl Scratch {
             meta: dev.zeros(rows + 2)?,
             kv: dev.zeros(2 * layers)?,
             kv_host: Vec::new(),
+            kv_dtype: KvDtype::F32,
             graphs: HashMap::new(),
             x: dev.zeros(rows * h)?,
             normed: dev.zeros(rows * h)?,
@@ -131,8 +135,13 @@ impl Scratch {
     }
 
     /// Points the pass at `cache`'s buffers (a copy to the device only when they moved:
-    /// another cache, or this one grown).
+    /// another cache, or this one grown). A cache of another type drops the captured
+    /// graphs, whose launches were of the other type's kernels.
     pub(super) fn point_at(&mut self, dev: &CudaDevice, cache: &CudaKvCache) -> Result<()> {
+        if cache.dtype() != self.kv_dtype {
+            self.graphs.clear();
+            self.kv_dtype = cache.dtype();
+        }
         let addresses = cache.addresses();
         if addresses != self.kv_host {
             dev.write(&addresses, &mut self.kv, 0)?;
@@ -208,6 +217,7 @@ pub(super) fn launch_layer(
         &s.qkv,
         &mut s.q,
         &s.kv,
+        s.kv_dtype,
         li,
         rope,
         heads,
@@ -219,6 +229,7 @@ pub(super) fn launch_layer(
     dev.attend(
         &s.q,
         &s.kv,
+        s.kv_dtype,
         li,
         &mut s.attn_parts,
         &mut s.attn,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use half::f16;
-use mtplx_kv::{KvCache, KvShape};
+use mtplx_kv::{KvCache, KvDtype, KvShape, KvView};
 
 use super::cache::CudaKvCache;
 use super::device::{AttendParts, CudaDevice, DeviceMatrix};
@@ -234,11 +234,18 @@ fn eight_bit_products_are_the_cpus_bit_for_bit() {
     }
 }
 
-/// Attention over 20,000 cached positions (79 parts of 256) equals a float64 softmax, and a
-/// query row's output is the same bits alone or in a block of rows.
+/// Attention over 20,000 cached positions (79 parts of 256), rows stored as `f32` and as
+/// `f16`, equals a float64 softmax over the stored values, and a query row's output is the
+/// same bits alone or in a block of rows.
 #[test]
 fn attention_runs_past_many_parts_and_is_row_invariant() {
     let Some(dev) = device() else { return };
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        attention_over(&dev, dtype);
+    }
+}
+
+fn attention_over(dev: &Arc<CudaDevice>, dtype: KvDtype) {
     let mut rng = Rng(11);
     let (qh, kvh, hd, len) = (4usize, 2usize, 64usize, 20_000usize);
     let shape = KvShape {
@@ -249,8 +256,19 @@ fn attention_runs_past_many_parts_and_is_row_invariant() {
     let row = kvh * hd;
     let k: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
     let v: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
-    let mut cache = CudaKvCache::new(dev.clone(), shape);
+    let mut cache = CudaKvCache::new(dev.clone(), shape, dtype);
     cache.append(0, &k, &v).unwrap();
+    // Stored as the host rounds them, and read back as stored.
+    let (mut kb, mut vb) = (
+        vec![0u8; dtype.bytes(len * row)],
+        vec![0u8; dtype.bytes(len * row)],
+    );
+    cache.read_raw(0, 0..len, &mut kb, &mut vb).unwrap();
+    assert_eq!((kb, vb), (dtype.encode(&k), dtype.encode(&v)), "{dtype}");
+    let (k, v) = (
+        dtype.decode(&dtype.encode(&k)).unwrap(),
+        dtype.decode(&dtype.encode(&v)).unwrap(),
+    );
     let kv = dev.upload(&cache.addresses()).unwrap();
     let n = 3;
     let row0 = len - n;
@@ -263,11 +281,12 @@ fn attention_runs_past_many_parts_and_is_row_invariant() {
         let qd = dev
             .upload(&q[first * qh * hd..(first + rows) * qh * hd])
             .unwrap();
-        let mut parts = AttendParts::new(&dev, rows, (qh, kvh, hd), len).unwrap();
+        let mut parts = AttendParts::new(dev, rows, (qh, kvh, hd), len).unwrap();
         let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
         dev.attend(
             &qd,
             &kv,
+            dtype,
             0,
             &mut parts,
             &mut out,
@@ -309,11 +328,15 @@ fn attention_runs_past_many_parts_and_is_row_invariant() {
                 let got = block[(r * qh + h) * hd + d] as f64;
                 assert!(
                     (got - want).abs() < 1e-4,
-                    "row {r} head {h} dim {d}: {got} vs {want}"
+                    "{dtype}: row {r} head {h} dim {d}: {got} vs {want}"
                 );
             }
         }
     }
     let alone = run(1, n - 1);
-    assert_eq!(alone, block[(n - 1) * qh * hd..], "the last row alone");
+    assert_eq!(
+        alone,
+        block[(n - 1) * qh * hd..],
+        "{dtype}: the last row alone"
+    );
 }

@@ -118,7 +118,8 @@ struct Inner {
 impl CacheTier {
     /// Opens the SSD tier (when on) and builds the bank for `bundle`. `device` is the
     /// factory of the model's own caches when it runs on a device (`CudaModel`'s): the
-    /// layout asked for is then [`LayoutKind::Device`], whose rows are `f32`.
+    /// layout asked for is then [`LayoutKind::Device`], whose rows are of a type the device
+    /// stores.
     pub fn open(
         bundle: &Bundle,
         config: TierConfig,
@@ -327,13 +328,18 @@ mod tests {
 
     use super::*;
 
-    /// A device backend's factory stand-in: its caches are host rows, which is all the tier
-    /// needs to be set up.
+    /// A device backend's factory stand-in: its caches are host rows (of the types a CUDA
+    /// device stores), which is all the tier needs to be set up.
     struct StandIn;
 
     impl MakeDeviceCache for StandIn {
-        fn new_cache(&self, shape: KvShape) -> Box<dyn KvCache> {
-            CacheFactory::contiguous().new_cache(shape)
+        fn stores(&self, dtype: KvDtype) -> bool {
+            matches!(dtype, KvDtype::F16 | KvDtype::F32)
+        }
+
+        fn new_cache(&self, shape: KvShape, dtype: KvDtype) -> Box<dyn KvCache> {
+            let host = CacheFactory::contiguous().with_dtype(dtype).unwrap();
+            host.new_cache(shape)
         }
 
         fn name(&self) -> String {
@@ -351,7 +357,7 @@ mod tests {
     }
 
     #[test]
-    fn a_device_layout_is_the_device_models_own_caches_with_f32_rows() {
+    fn a_device_layout_is_the_device_models_own_caches_of_a_type_it_stores() {
         let path =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
         let bundle = Bundle::load(&path, WeightFormat::Native).unwrap();
@@ -360,13 +366,18 @@ mod tests {
 
         let tier = open(LayoutKind::Device, KvDtype::F32, Some(&device)).unwrap();
         assert_eq!(tier.factory(), &device);
+        let tier = open(LayoutKind::Device, KvDtype::F16, Some(&device)).unwrap();
+        assert_eq!(
+            (tier.factory().layout(), tier.factory().dtype()),
+            (LayoutKind::Device, KvDtype::F16)
+        );
         // A server on the CPU has no device caches to give.
         let e = open(LayoutKind::Device, KvDtype::F32, None).unwrap_err();
         assert!(matches!(e, TierError::DeviceLayout), "{e}");
-        // Device caches store f32 only.
-        let e = open(LayoutKind::Device, KvDtype::F16, Some(&device)).unwrap_err();
+        // Nor a type the device does not store.
+        let e = open(LayoutKind::Device, KvDtype::Q8, Some(&device)).unwrap_err();
         assert!(
-            matches!(e, TierError::Kv(KvError::DeviceDtype(KvDtype::F16))),
+            matches!(e, TierError::Kv(KvError::DeviceDtype(KvDtype::Q8))),
             "{e}"
         );
         // A model on a device runs on its own caches, never a host layout.
