@@ -6,7 +6,8 @@
 # or NAME for DIR/k-NAME.cu through MTPLX_CUDA_KERNELS: the same binary times both in one
 # run; each source's unit tests first, and only the sources that pass them are timed;
 # SOURCE@WEIGHTS runs the server with MTPLX_WEIGHTS=WEIGHTS, e.g. builtin@native for a
-# K-quant file's products with f32 activations);
+# K-quant file's products with f32 activations; SOURCE[@WEIGHTS]/KV with MTPLX_KV_DTYPE=KV,
+# e.g. builtin/f32 for K/V stored in f32 on the device);
 # with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz; with
 # RETURNING=1 the returning conversation (gpu_server.py's "returning" part) for the first
 # source too.
@@ -42,13 +43,16 @@ fi
 # The unit tests for each kernel source: a source that fails them is not timed.
 KERNELS=${KERNELS:-builtin}
 use_source() {
-  local src=${1%@*}
+  local spec=${1%%/*} kv=
+  [ "$1" != "$spec" ] && kv=${1#*/}
+  local src=${spec%@*}
   if [ "$src" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$src.cu; fi
-  if [ "$1" != "$src" ]; then export MTPLX_WEIGHTS=${1#*@}; else unset MTPLX_WEIGHTS; fi
+  if [ "$spec" != "$src" ]; then export MTPLX_WEIGHTS=${spec#*@}; else unset MTPLX_WEIGHTS; fi
+  if [ -n "$kv" ]; then export MTPLX_KV_DTYPE=$kv; else unset MTPLX_KV_DTYPE; fi
 }
 passed=""
 for k in $KERNELS; do
-  src=${k%@*}
+  src=${k%%[@/]*}
   if [ "$DEVICE" != cuda ]; then passed="$passed $k"; continue; fi
   if [ ! -f "$W/res/tests-$src.txt" ]; then
     use_source "$src"
@@ -70,6 +74,7 @@ for q in ${FILES:-q4_k_m q4_0}; do
     # SOURCE@WEIGHTS only for the K-quant file (Q4_0's default weights are already native).
     case "$q:$k" in q4_0:*@*) continue ;; esac
     use_source "$k"
+    tag=${k//\//-kv}
     echo "== $q, kernels $k"
     llama=()
     parts=mtplx
@@ -80,10 +85,10 @@ for q in ${FILES:-q4_k_m q4_0}; do
       llama=(--llama "$W/llama/build/bin/llama-server"); parts=$parts,llama
     fi
     python3 tools/bench/gpu_server.py --mtplx "$G/mtplx-serve" "${llama[@]}" --device "$DEVICE" \
-      --model "$W/$q.gguf" --work "$W/$q-$k" --parts "$parts" --modes ar \
+      --model "$W/$q.gguf" --work "$W/$q-$tag" --parts "$parts" --modes ar \
       --sizes "${SIZES:-100,400}" --rounds "${ROUNDS:-2}" --gen "${GEN:-64}" \
-      --out "$W/res/$q-$k.json" 2>&1 | grep '^{"server' | cut -c1-220
-    cp "$W/$q-$k/mtplx.out" "$W/res/$q-$k.out" 2>/dev/null
+      --out "$W/res/$q-$tag.json" 2>&1 | grep '^{"server' | cut -c1-220
+    cp "$W/$q-$tag/mtplx.out" "$W/res/$q-$tag.out" 2>/dev/null
   done
 done
 tar czf "$OUT/gpu-run.tgz" -C "$W" res

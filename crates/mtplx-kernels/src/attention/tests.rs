@@ -339,6 +339,8 @@ fn decode_steps_give_the_portable_bits_on_this_cpu() {
         (1, 2, 32),
         (1, 8, 64),
         (1, 13, 32),
+        (2, 6, 64),
+        (1, 5, 128),
         (2, 1, 64),
     ] {
         check::<f32>(kv_heads, group, hd);
