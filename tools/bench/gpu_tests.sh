@@ -4,11 +4,13 @@
 # cuda_lossless.rs, tests/tests/serve_cuda.rs), from binaries built here and carried:
 #   tools/bench/gpu_tests.sh pack DIR    (here) the test binaries, stripped and xz-compressed,
 #                                        into DIR/t, and the default model in two pieces,
-#                                        DIR/a and DIR/b (a call carries at most 64 MiB:
-#                                        carry DIR/t and DIR/a in one call, DIR/b in the next)
-#   tools/bench/gpu_tests.sh model DIR   (there) keeps the pieces DIR carried in /tmp/gpu-model
-#                                        and, once both are there, checks the whole file
-#   tools/bench/gpu_tests.sh run DIR     (there) runs the tests with MTPLX_CUDA_TESTS=1
+#                                        DIR/a and DIR/b (a call carries at most 64 MiB)
+#   tools/bench/gpu_tests.sh model DIR   (there, carrying DIR/a, then again carrying DIR/b)
+#                                        keeps the pieces in /tmp/gpu-model and, once both
+#                                        are there, checks the whole file
+#   tools/bench/gpu_tests.sh run DIR     (there, carrying DIR/t) runs the tests with
+#                                        MTPLX_CUDA_TESTS=1
+# The calls must follow one another while the machine is warm (30 s), or /tmp is gone.
 # The binaries name the checkout they were built in (fixtures, the server under test), so
 # "run" links that path to this one when they differ. Results: $OUT/gpu-tests.txt.
 set -euo pipefail

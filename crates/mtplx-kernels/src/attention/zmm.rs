@@ -8,8 +8,7 @@
 //! pieces put in place as they load), eight two-source word permutes (`vpermt2w`) and
 //! eight widening conversions, where the 256-bit code spends 48 shuffles and 16
 //! conversions on the same values. The value rows are widened sixteen lanes at a time, once
-//! for all the query heads, whose accumulators stay in registers through the block (as many
-//! sixteen-lane chunks of them at a time as the registers hold).
+//! for four query heads, whose accumulators stay in registers through the block.
 //!
 //! Measured (`attend_decode`, 6,500 positions, f16, 2 threads, 2-core Zen 4, against the
 //! 256-bit code): a decode step 16.1-16.8 -> 12.4-12.6 ms (SmolLM2, three query heads to
@@ -242,21 +241,33 @@ unsafe fn block_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
             st[r].l += pj;
         }
     }
-    values::<E, B, R>(vrows, hd, &p, c, rescale, acc);
+    // Four heads at a time (more would not stay in registers).
+    if R <= 4 {
+        values::<E, B, R>(vrows, hd, &p, c, rescale, acc);
+    } else {
+        for h0 in (0..R).step_by(4) {
+            if R - h0 >= 4 {
+                let pick = |h: usize| h0 + h;
+                values::<E, B, 4>(
+                    vrows,
+                    hd,
+                    &std::array::from_fn(|h| p[pick(h)]),
+                    std::array::from_fn(|h| c[pick(h)]),
+                    std::array::from_fn(|h| rescale[pick(h)]),
+                    std::array::from_fn(|h| acc[pick(h)]),
+                );
+            } else {
+                for h in h0..R {
+                    values::<E, B, 1>(vrows, hd, &[p[h]], [c[h]], [rescale[h]], [acc[h]]);
+                }
+            }
+        }
+    }
 }
 
 /// `acc[r] = fma(p[r][j], v[j], acc[r])` for the block's keys in order (after
-/// `acc[r] × c[r]` where `rescale[r]`), for all `H` heads at once: a pass holds `N`
-/// sixteen-lane chunks of every head's accumulator and the `N` chunks of the value row they
-/// share in registers through the block's keys, as many chunks as fit (`H·N + N ≤ 28` of
-/// the 32 vector registers, at most four), so each value is widened once for every head.
-///
-/// Measured (`attend_decode`, 6,352 positions, f16, Qwen2.5-0.5B's seven query heads to a
-/// KV head, 2 threads, a 2-core Xeon with AVX-512; the old and new builds alternately, two
-/// runs each), against heads four at a time (each pass widening the value rows again) and
-/// seven heads padded to eight: a decode step's attention 8.22 / 7.61 -> 7.08 / 6.95 ms
-/// (contiguous rows), 8.00 / 7.71 -> 7.45 / 7.47 ms (paged, the server's layout).
-/// SmolLM2's three heads to a KV head took one pass before too.
+/// `acc[r] × c[r]` where `rescale[r]`), for `H` heads, four sixteen-lane chunks of every
+/// head's accumulator in registers through the block's keys at a time.
 ///
 /// # Safety
 /// As [`block_fused`].
@@ -270,17 +281,14 @@ unsafe fn values<E: KvElem, B: BlockRows<E>, const H: usize>(
     acc: [*mut f32; H],
 ) {
     let chunks = hd / 16;
-    let per_pass = (28 / (H + 1)).clamp(1, 4);
-    let mut c0 = 0;
-    while c0 < chunks {
-        let n = (chunks - c0).min(per_pass);
-        match n {
-            4 => value_chunks::<E, B, H, 4>(vrows, c0, p, c, rescale, acc),
-            3 => value_chunks::<E, B, H, 3>(vrows, c0, p, c, rescale, acc),
-            2 => value_chunks::<E, B, H, 2>(vrows, c0, p, c, rescale, acc),
-            _ => value_chunks::<E, B, H, 1>(vrows, c0, p, c, rescale, acc),
+    for c0 in (0..chunks).step_by(4) {
+        if chunks - c0 >= 4 {
+            value_chunks::<E, B, H, 4>(vrows, c0, p, c, rescale, acc);
+        } else {
+            for ch in c0..chunks {
+                value_chunks::<E, B, H, 1>(vrows, ch, p, c, rescale, acc);
+            }
         }
-        c0 += n;
     }
 }
 
