@@ -118,15 +118,8 @@ impl CudaKvCache {
         Ok(())
     }
 
-    /// Checks that rows `range` of `layer` are stored and that outputs of `got` (bytes or
-    /// values) hold the `need` they take.
-    fn check_read(
-        &self,
-        layer: usize,
-        range: &Range<usize>,
-        got: usize,
-        need: usize,
-    ) -> Result<(), KvError> {
+    /// Checks that rows `range` of `layer` are stored.
+    fn check_rows(&self, layer: usize, range: &Range<usize>) -> Result<(), KvError> {
         self.check_layer(layer)?;
         let len = self.lens[layer];
         if range.end > len || range.start > range.end {
@@ -134,12 +127,6 @@ impl CudaKvCache {
                 start: range.start,
                 end: range.end,
                 len,
-            });
-        }
-        if got < need {
-            return Err(KvError::OutputSize {
-                got,
-                expected: need,
             });
         }
         Ok(())
@@ -202,8 +189,14 @@ impl KvView for CudaKvCache {
         k: &mut [f32],
         v: &mut [f32],
     ) -> Result<(), KvError> {
+        self.check_rows(layer, &range)?;
         let n = range.len() * self.shape.row_len();
-        self.check_read(layer, &range, k.len().min(v.len()), n)?;
+        if k.len() < n || v.len() < n {
+            return Err(KvError::OutputSize {
+                got: k.len().min(v.len()),
+                expected: n,
+            });
+        }
         let bytes = self.row_bytes(range.len());
         let (mut kb, mut vb) = (vec![0u8; bytes], vec![0u8; bytes]);
         self.read_raw(layer, range, &mut kb, &mut vb)?;
@@ -226,8 +219,8 @@ impl KvView for CudaKvCache {
         k: &mut [u8],
         v: &mut [u8],
     ) -> Result<(), KvError> {
+        self.check_rows(layer, &range)?;
         let n = self.row_bytes(range.len());
-        self.check_read(layer, &range, k.len().min(v.len()), n)?;
         if k.len() != n || v.len() != n {
             return Err(KvError::OutputSize {
                 got: k.len().min(v.len()),
