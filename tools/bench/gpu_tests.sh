@@ -3,11 +3,12 @@
 # the default model (crates/mtplx-model/tests/cuda_backend.rs, crates/mtplx-spec/tests/
 # cuda_lossless.rs, tests/tests/serve_cuda.rs), from binaries built here and carried:
 #   tools/bench/gpu_tests.sh pack DIR    (here) the test binaries, stripped and xz-compressed,
-#                                        into DIR/t, and the default model in two pieces,
-#                                        DIR/a and DIR/b (a call carries at most 64 MiB)
-#   tools/bench/gpu_tests.sh model DIR   (there, carrying DIR/a, then again carrying DIR/b)
-#                                        keeps the pieces in /tmp/gpu-model and, once both
-#                                        are there, checks the whole file
+#                                        into DIR/t, and the default model in three pieces,
+#                                        DIR/a, DIR/b and DIR/c (a call carries at most
+#                                        64 MiB, the tracked tree included)
+#   tools/bench/gpu_tests.sh model DIR   (there, carrying DIR/a, then DIR/b, then DIR/c with
+#                                        DIR/t) keeps the pieces in /tmp/gpu-model and, once
+#                                        all are there, checks the whole file
 #   tools/bench/gpu_tests.sh run DIR     (there, carrying DIR/t) runs the tests with
 #                                        MTPLX_CUDA_TESTS=1
 # The calls must follow one another while the machine is warm (30 s), or /tmp is gone.
@@ -21,7 +22,7 @@ MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 case $cmd in
 pack)
-  mkdir -p "$dir/t" "$dir/a" "$dir/b"
+  mkdir -p "$dir/t" "$dir/a" "$dir/b" "$dir/c"
   built() {
     cargo test "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import json,sys
 for l in sys.stdin:
@@ -41,15 +42,18 @@ for l in sys.stdin:
   done
   mv "$dir/t/paths.new" "$dir/t/paths"
   model=${MTPLX_TEST_MODEL:-${MTPLX_HOME:-$HOME/.mtplx}/models/$MODEL}
-  head -c 45000000 "$model" > "$dir/a/m.part"
-  tail -c +45000001 "$model" > "$dir/b/m.part"
+  # Three pieces: a call's 64 MiB hold the tracked tree (about 14 MB) as well, and the
+  # last piece goes with the test binaries.
+  head -c 36000000 "$model" > "$dir/a/m.part"
+  tail -c +36000001 "$model" | head -c 36000000 > "$dir/b/m.part"
+  tail -c +72000001 "$model" > "$dir/c/m.part"
   du -sh "$dir"/*
   ;;
 model)
   mkdir -p /tmp/gpu-model
-  for p in a b; do [ -f "$dir/$p/m.part" ] && cp "$dir/$p/m.part" "/tmp/gpu-model/$p.part"; done
-  if [ -f /tmp/gpu-model/a.part ] && [ -f /tmp/gpu-model/b.part ]; then
-    cat /tmp/gpu-model/a.part /tmp/gpu-model/b.part > "/tmp/gpu-model/$MODEL"
+  for p in a b c; do [ -f "$dir/$p/m.part" ] && cp "$dir/$p/m.part" "/tmp/gpu-model/$p.part"; done
+  if [ -f /tmp/gpu-model/a.part ] && [ -f /tmp/gpu-model/b.part ] && [ -f /tmp/gpu-model/c.part ]; then
+    cat /tmp/gpu-model/a.part /tmp/gpu-model/b.part /tmp/gpu-model/c.part > "/tmp/gpu-model/$MODEL"
     echo "$SHA  /tmp/gpu-model/$MODEL" | sha256sum -c
   fi
   ls -la /tmp/gpu-model
