@@ -13,6 +13,8 @@ out=${1:-.gl}
 mkdir -p "$out"
 pack() { strip -o "$out/$2" "$1" && xz -T0 -6 -f "$out/$2"; }
 
+# The commit the binaries are built from, for the run's report.
+git describe --always --dirty --abbrev=7 > "$out/commit"
 cargo build --release -p mtplx-serve --features cuda
 pack target/release/mtplx-serve mtplx-serve
 cargo build --release -p xtask

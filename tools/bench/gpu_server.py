@@ -155,6 +155,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--sizes", default="380,3000,5600", help="words of the fresh prompts")
+    ap.add_argument("--llama-ctx", type=int, default=8192, help="llama.cpp's -c (its window)")
     ap.add_argument("--device", default="cuda", help="mtplx's --device (cpu to try the script)")
     ap.add_argument("--modes", default="ar,mtp",
                     help="mtplx's decoding in the mtplx part: plain (ar), its default speculation (mtp)")
@@ -193,7 +194,7 @@ def main():
     if "returning" in parts:
         q2 = returning(args, mtplx, q1, result)
     if args.llama and "llama" in parts:
-        s = Server("llama", [args.llama, "-m", args.model, "-ngl", "99", "-c", "8192", "-np", "1",
+        s = Server("llama", [args.llama, "-m", args.model, "-ngl", "99", "-c", str(args.llama_ctx), "-np", "1",
                              "--port", "18123", "--host", "127.0.0.1"], args.work)
         result["contexts"] += contexts(s, "llama.cpp", {"cache_prompt": False}, args.rounds, args.gen, sizes, 3)
         r = chat(s, q2, 32, {"cache_prompt": False})

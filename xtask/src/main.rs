@@ -25,6 +25,7 @@ use run::{cargo, fetch_known, fetch_model};
 
 mod bench;
 mod cold_bench;
+mod gpu_bench;
 mod make_hybrid;
 mod make_shaped;
 mod mtp_corpus;
@@ -71,6 +72,10 @@ enum Task {
     /// llama.cpp's server), one client, one run: target/bench/report.md with its plots.
     /// `--criterion` runs the criterion suites and llama-bench instead.
     Bench(bench::BenchArgs),
+    /// Issue 19's GPU benchmark against llama.cpp's CUDA server, in steps that each fit one
+    /// call of the GPU machine: `pack` here, `run STEP` there, `report` here; `plan` lists
+    /// the steps.
+    GpuBench(gpu_bench::GpuBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -94,6 +99,7 @@ fn main() -> Result<()> {
             _ => peer::run(&fetch_model()?, &args)?,
         },
         Task::Tidy => tidy::run()?,
+        Task::GpuBench(args) => gpu_bench::run(&args)?,
         Task::MakeHybrid(args) => {
             let gguf = match &args.tokenizer_from {
                 Some(path) => path.clone(),

@@ -28,6 +28,11 @@ pub struct MakeShapedArgs {
     /// model, fetched if missing).
     #[arg(long)]
     pub tokenizer_from: Option<PathBuf>,
+    /// The context window the file declares, instead of the shape's own (e.g. 32,768 for
+    /// a 32K-token benchmark on the 8,192-token Llama-3-8B shape: speed needs no trained
+    /// long-context weights).
+    #[arg(long)]
+    pub context: Option<usize>,
 }
 
 /// The shape of a `--shape` name.
@@ -49,7 +54,13 @@ fn quant(name: &str) -> Result<Quant> {
 }
 
 pub fn run(args: &MakeShapedArgs, tokenizer: &std::path::Path) -> Result<()> {
-    let (s, q) = (shape(&args.shape)?, quant(&args.quant)?);
+    let (mut s, q) = (shape(&args.shape)?, quant(&args.quant)?);
+    if let Some(context) = args.context {
+        if context == 0 || context > u32::MAX as usize {
+            bail!("--context {context}: between 1 and {}", u32::MAX);
+        }
+        s.context = context;
+    }
     write_gguf(&args.out, s, q, args.seed, tokenizer)?;
     Ok(())
 }
@@ -60,7 +71,8 @@ mod tests {
 
     /// A tiny file of each quantization: the loader reads it as a model of its shape with
     /// the padded vocabulary, it generates, and the same arguments write the same bytes
-    /// (`mtplx_model::shaped`'s tests check its tensor types).
+    /// (`mtplx_model::shaped`'s tests check its tensor types); `--context` sets the window
+    /// the loader reads.
     #[test]
     fn writes_a_file_the_loader_runs() {
         // The tokenizer comes from the default model, which `cargo xtask test` provides.
@@ -69,13 +81,14 @@ mod tests {
             return;
         };
         let dir = tempfile::tempdir().unwrap();
-        for quant in ["q4_0", "q4_k_m"] {
+        for (quant, context) in [("q4_0", None), ("q4_k_m", Some(32_768))] {
             let args = |out: PathBuf| MakeShapedArgs {
                 out,
                 shape: "tiny".into(),
                 quant: quant.into(),
                 seed: 5,
                 tokenizer_from: None,
+                context,
             };
             let file = dir.path().join("sub").join(format!("{quant}.gguf"));
             run(&args(file.clone()), &model).unwrap();
@@ -89,6 +102,10 @@ mod tests {
             let shape = Shape::TINY;
             let b = mtplx_model::Bundle::load(&file, mtplx_model::WeightFormat::Native).unwrap();
             assert_eq!(b.tokenizer.vocab_size(), shape.vocab);
+            assert_eq!(
+                b.model.dims().context_length,
+                context.unwrap_or(shape.context)
+            );
             let mut seq = b.model.new_sequence(&mtplx_kv::CacheFactory::paged());
             let prompt = b
                 .tokenizer
