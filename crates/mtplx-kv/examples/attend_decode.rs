@@ -1,11 +1,12 @@
 //! A diagnostic, not a result: the attention of one decode step over a long context, all
 //! layers, in each layout and element type, with the K/V bytes it reads per second.
 //!
-//! `cargo run --release -p mtplx-kv --example attend_decode -- [CONTEXT] [REPEATS] [DTYPE] [GEOMETRY] [QUERIES]`
+//! `cargo run --release -p mtplx-kv --example attend_decode -- [CONTEXT] [REPEATS] [DTYPE] [GEOMETRY] [QUERIES] [LAYERS]`
 //! (defaults 6500, 20, every element type (`all`), `smollm2` and 1: the default model's 30
 //! layers, 9 query heads over 3 KV heads of 64; `qwen2.5-0.5b` is 24 layers, 14 query heads
 //! over 2 KV heads of 64, seven query heads to a KV head). With `QUERIES` above 1 the step is
-//! a prefill chunk's attention instead: that many queries at the newest positions.
+//! a prefill chunk's attention instead: that many queries at the newest positions. `LAYERS`
+//! (default the model's) below it keeps a short context's K/V in the caches.
 
 use std::time::Instant;
 
@@ -39,6 +40,12 @@ fn main() {
         Some(other) => panic!("GEOMETRY: smollm2 or qwen2.5-0.5b, not {other}"),
     };
     let queries: usize = args.next().map_or(1, |a| a.parse().expect("QUERIES"));
+    // Fewer layers than the model's keep the step's K/V in the caches: the fold's own
+    // speed, without the memory's.
+    let mut shape = shape;
+    if let Some(layers) = args.next() {
+        shape.layers = layers.parse().expect("LAYERS");
+    }
     let row = shape.row_len();
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
