@@ -23,6 +23,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+use crate::peer::ratio;
+
 /// What to do.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GpuBenchArgs {
@@ -255,26 +257,21 @@ fn load_dir(dir: &Path) -> Result<RunResult> {
         serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))
     };
     let run = read(&dir.join("run.json"))?;
-    let mut files = Vec::new();
-    let mut tests = Vec::new();
-    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)?
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json") && !p.ends_with("run.json"))
         .collect();
-    names.sort();
-    let mut rcs: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "rc"))
-        .collect();
-    rcs.sort();
-    for p in rcs {
-        let stem = p.file_stem().unwrap().to_string_lossy();
-        let source = stem.strip_prefix("tests-").unwrap_or(&stem).to_string();
-        tests.push((source, std::fs::read_to_string(&p)?.trim().to_string()));
-    }
-    for p in names {
-        let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
-        files.push((stem, read(&p)?));
+    paths.sort();
+    let (mut files, mut tests) = (Vec::new(), Vec::new());
+    for p in paths.iter().filter(|p| !p.ends_with("run.json")) {
+        let stem = p.file_stem().unwrap_or_default().to_string_lossy();
+        match p.extension().and_then(|x| x.to_str()) {
+            Some("json") => files.push((stem.into_owned(), read(p)?)),
+            Some("rc") => {
+                let source = stem.strip_prefix("tests-").unwrap_or(&stem).to_string();
+                tests.push((source, std::fs::read_to_string(p)?.trim().to_string()));
+            }
+            _ => {}
+        }
     }
     Ok(RunResult { run, files, tests })
 }
@@ -292,17 +289,6 @@ fn row<'a>(file: &'a Value, server: &str, words: u64) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|r| r["server"] == server && r["words"].as_u64() == Some(words))
-}
-
-fn f(v: &Value) -> Option<f64> {
-    v.as_f64()
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
-        _ => "-".into(),
-    }
 }
 
 fn secs(x: Option<f64>) -> String {
@@ -340,7 +326,9 @@ pub fn report(runs: &[RunResult]) -> String {
             run["date"].as_str().unwrap_or("?"),
             run["device"].as_str().unwrap_or("?"),
             run["commit"].as_str().unwrap_or("?"),
-            f(&run["copy_tb_s"]).map_or("not measured".into(), |b| format!("{b:.2} TB/s")),
+            run["copy_tb_s"]
+                .as_f64()
+                .map_or("not measured".into(), |b| format!("{b:.2} TB/s")),
             knobs.join(" ")
         )
         .unwrap();
@@ -377,7 +365,7 @@ pub fn report(runs: &[RunResult]) -> String {
         // Each size's rows, with the bandwidth of the run that measured them.
         let rows = |server: &str, words: u64| {
             group.iter().find_map(|(r, file)| {
-                row(file, server, words).map(|row| (row, f(&r.run["copy_tb_s"])))
+                row(file, server, words).map(|row| (row, r.run["copy_tb_s"].as_f64()))
             })
         };
         let mut words: Vec<u64> = group
@@ -396,7 +384,8 @@ pub fn report(runs: &[RunResult]) -> String {
         }
         for w in words {
             let (m, l) = (rows("mtplx ar", w), rows("llama.cpp", w));
-            let get = |r: Option<(&Value, Option<f64>)>, k: &str| r.and_then(|(r, _)| f(&r[k]));
+            let get =
+                |r: Option<(&Value, Option<f64>)>, k: &str| r.and_then(|(r, _)| r[k].as_f64());
             let tokens = m
                 .or(l)
                 .and_then(|(r, _)| r["prompt_tokens"].as_u64())
@@ -427,7 +416,11 @@ pub fn report(runs: &[RunResult]) -> String {
         }
         // The returning conversation: mtplx's figures and llama.cpp's re-prefill may come
         // from different steps.
-        let ret = |k: &str| group.iter().find_map(|(_, file)| f(&file["returning"][k]));
+        let ret = |k: &str| {
+            group
+                .iter()
+                .find_map(|(_, file)| file["returning"][k].as_f64())
+        };
         if let Some(t) = ret("restored_after_sigkill_ttft_s") {
             let same = group
                 .iter()

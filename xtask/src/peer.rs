@@ -156,11 +156,7 @@ pub fn run(model: &Path, args: &PeerArgs) -> Result<()> {
     for t in &tests {
         let (a, b) = (ours.get(t), theirs.get(t));
         let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
-        let ratio = match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
-            _ => "-".into(),
-        };
-        println!("{t:<8} {:>12} {:>12} {ratio:>8}", fmt(a), fmt(b));
+        println!("{t:<8} {:>12} {:>12} {:>8}", fmt(a), fmt(b), ratio(a, b));
     }
     let tg = format!("tg{}", args.gen);
     for (name, f) in [("mtplx", &ours), ("llama.cpp", &theirs)] {
@@ -566,6 +562,14 @@ fn measure_bandwidth(threads: usize) -> f64 {
         best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
     best
+}
+
+/// `a / b` as a ratio (`1.50x`), or `-` where either is missing or `b` is not positive.
+pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    }
 }
 
 #[cfg(test)]
