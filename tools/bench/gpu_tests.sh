@@ -44,9 +44,11 @@ for l in sys.stdin:
   model=${MTPLX_TEST_MODEL:-${MTPLX_HOME:-$HOME/.mtplx}/models/$MODEL}
   # Three pieces: a call's 64 MiB hold the tracked tree (about 14 MB) as well, and the
   # last piece goes with the test binaries.
-  head -c 36000000 "$model" > "$dir/a/m.part"
-  tail -c +36000001 "$model" | head -c 36000000 > "$dir/b/m.part"
-  tail -c +72000001 "$model" > "$dir/c/m.part"
+  # (dd, not tail | head: under pipefail, tail's SIGPIPE when head is done fails the script.)
+  piece() { dd if="$model" of="$dir/$1/m.part" bs=1M iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} status=none; }
+  piece a 0 36000000
+  piece b 36000000 36000000
+  piece c 72000000
   du -sh "$dir"/*
   ;;
 model)
