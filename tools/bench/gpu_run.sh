@@ -22,6 +22,9 @@ set -uo pipefail
 G=$(realpath "${1:-.gl}")
 OUT=${OUT:-/tmp/gpu-out}
 W=/tmp/gpu-run
+# A warm machine keeps /tmp between calls: each call's results start from an empty folder
+# (an earlier call's files would otherwise go out again, under this call's step).
+rm -rf "$W/res"
 mkdir -p "$OUT" "$W/res"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1

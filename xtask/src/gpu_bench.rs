@@ -276,10 +276,12 @@ fn load_dir(dir: &Path) -> Result<RunResult> {
     Ok(RunResult { run, files, tests })
 }
 
-/// The weights mtplx's server reads per token, from its start-up line (`weights N MiB`).
+/// The weights a decode step of mtplx's server reads, from its start-up line (`N MiB read a
+/// token`). Servers before it logged only what they hold (`weights N MiB`), which counts an
+/// embedding table a token reads one row of: no bound is made from that.
 fn weight_bytes(startup: &str) -> Option<f64> {
-    let at = startup.find("weights ")? + "weights ".len();
-    let mib: f64 = startup[at..].split_whitespace().next()?.parse().ok()?;
+    let end = startup.find(" MiB read a token")?;
+    let mib: f64 = startup[..end].rsplit(' ').next()?.parse().ok()?;
     Some(mib * 1024.0 * 1024.0)
 }
 
@@ -358,8 +360,11 @@ pub fn report(runs: &[RunResult]) -> String {
         let bytes = group
             .iter()
             .find_map(|(_, file)| weight_bytes(file["startup"].as_str().unwrap_or("")));
-        if let Some(b) = bytes {
-            write!(md, ": mtplx reads {:.2} GB of weights a token", b / 1e9).unwrap();
+        match bytes {
+            Some(b) => write!(md, ": mtplx reads {:.2} GB of weights a token", b / 1e9).unwrap(),
+            None => {
+                md.push_str(": the server did not log the weight bytes a token reads (no bound)")
+            }
         }
         md.push_str("\n\n");
         // Each size's rows, with the bandwidth of the run that measured them.
@@ -421,6 +426,21 @@ pub fn report(runs: &[RunResult]) -> String {
                 .iter()
                 .find_map(|(_, file)| file["returning"][k].as_f64())
         };
+        // Every llama.cpp run re-prefills the conversation of its step's largest size: only
+        // a step of the size mtplx's returning conversation was built from counts.
+        let largest = |file: &Value| {
+            file["contexts"]
+                .as_array()
+                .and_then(|c| c.iter().filter_map(|r| r["words"].as_u64()).max())
+        };
+        let home = group
+            .iter()
+            .find(|(_, file)| file["returning"]["restored_after_sigkill_ttft_s"].is_f64())
+            .and_then(|(_, file)| largest(file));
+        let llama_reprefill = group
+            .iter()
+            .filter(|(_, file)| largest(file) == home)
+            .find_map(|(_, file)| file["returning"]["llama_reprefill_ttft_s"].as_f64());
         if let Some(t) = ret("restored_after_sigkill_ttft_s") {
             let same = group
                 .iter()
@@ -436,9 +456,9 @@ pub fn report(runs: &[RunResult]) -> String {
                  re-prefilling it {} ({} against mtplx's re-prefill, {} against \
                  llama.cpp's); same answer as the re-prefill: {}.",
                 secs(ret("reprefill_ttft_s")),
-                secs(ret("llama_reprefill_ttft_s")),
+                secs(llama_reprefill),
                 ratio(ret("reprefill_ttft_s"), Some(t)),
-                ratio(ret("llama_reprefill_ttft_s"), Some(t)),
+                ratio(llama_reprefill, Some(t)),
                 same.map_or("-".into(), |s| s.to_string())
             )
             .unwrap();
@@ -518,7 +538,7 @@ mod tests {
         };
         let mtplx = json!({
             "model": "q4_k_m.gguf",
-            "startup": "mtplx serving q4_k_m | weights 4768.4 MiB (weights=file-blocks) | kv f16",
+            "startup": "mtplx serving q4_k_m | weights 6406.5 MiB (weights=file-blocks), 4768.4 MiB read a token | kv f16",
             "contexts": [{"server": "mtplx ar", "words": 490, "prompt_tokens": 505,
                           "prefill_tok_s": 1000.0, "decode_tok_s": 300.0, "end_s": 0.002}],
             "returning": {"prompt_tokens": 32400, "restored_after_sigkill_ttft_s": 0.5,
@@ -530,7 +550,17 @@ mod tests {
                           "prefill_tok_s": 4000.0, "decode_tok_s": 200.0}],
             "returning": {"llama_reprefill_ttft_s": 5.0}
         });
+        // A step of smaller prompts first: its llama.cpp re-prefill is of another
+        // conversation and must not be taken.
+        let small = json!({
+            "model": "q4_k_m.gguf",
+            "contexts": [{"server": "llama.cpp", "words": 24, "prompt_tokens": 33,
+                          "prefill_tok_s": 900.0, "decode_tok_s": 250.0}],
+            "returning": {"llama_reprefill_ttft_s": 0.1}
+        });
+        let zero = tempfile::tempdir().unwrap();
         for (dir, run, file) in [
+            (&zero, run("8b-q4_k_m", 3.0), small),
             (&one, run("8b-32k", 3.0), mtplx),
             (&two, run("8b-32k-llama", 2.0), llama),
         ] {
@@ -539,7 +569,11 @@ mod tests {
         }
         std::fs::write(one.path().join("tests-builtin.rc"), "0\n").unwrap();
         std::fs::write(two.path().join("tests-builtin.rc"), "101\n").unwrap();
-        let runs = [load(one.path()).unwrap(), load(two.path()).unwrap()];
+        let runs = [
+            load(zero.path()).unwrap(),
+            load(one.path()).unwrap(),
+            load(two.path()).unwrap(),
+        ];
         let md = report(&runs);
         assert!(
             md.contains("- Step `8b-32k`, 2026-12-06 01:00 UTC on NVIDIA H100"),
@@ -572,6 +606,15 @@ mod tests {
             md.contains("FILES=\"q4_k_m\" SIZES=\"490\" bash tools/bench/gpu_run.sh"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn only_the_bytes_a_token_reads_make_a_bound() {
+        let old = "mtplx serving q4_k_m | weights 6406.5 MiB (weights=file-blocks) | kv f16";
+        assert_eq!(weight_bytes(old), None);
+        let new = "mtplx serving q4_k_m | weights 6406.5 MiB (weights=file-blocks), 4768.4 MiB \
+                   read a token | kv f16";
+        assert_eq!(weight_bytes(new), Some(4768.4 * 1024.0 * 1024.0));
     }
 
     #[test]
