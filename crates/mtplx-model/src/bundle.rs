@@ -285,6 +285,23 @@ mod tests {
         assert!(text.mtp_head.is_none());
     }
 
+    /// A decode step's weight bytes (a bandwidth bound's numerator) leave out an embedding
+    /// table of its own (one row of it is read) and count a tied one, which is the head.
+    #[test]
+    fn a_token_reads_the_head_but_not_an_untied_embedding_table() {
+        let tied = Model::load(&tiny("llama"), WeightFormat::Native).unwrap();
+        assert!(tied.config().tie_embeddings);
+        assert_eq!(tied.weight_bytes_per_token(), tied.weight_bytes());
+        let untied = Model::load(&tiny("qwen2"), WeightFormat::Native).unwrap();
+        let c = untied.config();
+        assert!(!c.tie_embeddings);
+        let table = c.vocab_size * c.hidden_size * 4;
+        assert_eq!(
+            untied.weight_bytes() - untied.weight_bytes_per_token(),
+            table
+        );
+    }
+
     #[test]
     fn hybrid_models_are_told_from_their_metadata() {
         assert!(!Bundle::is_hybrid(&tiny("llama")).unwrap());

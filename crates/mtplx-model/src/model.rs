@@ -101,6 +101,11 @@ pub trait LanguageModel: Send + Sync {
     /// Bytes the weights take in memory.
     fn weight_bytes(&self) -> usize;
 
+    /// Bytes of weights a decode step reads: every matrix a token is multiplied by, the
+    /// output head included, and of an embedding table that is not the head only one row
+    /// (left out). The numerator of a decode step's bandwidth bound.
+    fn weight_bytes_per_token(&self) -> usize;
+
     /// Peak activation bytes of a prefill pass of `chunk_tokens` rows (for admission).
     fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64;
 
@@ -338,6 +343,20 @@ impl Model {
 
     /// Bytes of weights held in memory.
     pub fn weight_bytes(&self) -> usize {
+        let (layers, embed, head) = self.weight_parts();
+        layers + embed + head
+    }
+
+    /// Bytes of weights a decode step reads ([`Forward::weight_bytes_per_token`]): the
+    /// layers' matrices and the output head (the table itself when tied to it).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let (layers, embed, head) = self.weight_parts();
+        layers + if head == 0 { embed } else { head }
+    }
+
+    /// The layers' matrices, the embedding table and the output head (0 when the head is the
+    /// table), in bytes.
+    fn weight_parts(&self) -> (usize, usize, usize) {
         let layers: usize = self
             .layers
             .iter()
@@ -357,7 +376,7 @@ impl Model {
             }
             Embedding::Dense(t) => (t.elem_count() * 4, self.lm_head.weight_bytes()),
         };
-        layers + embed + head
+        (layers, embed, head)
     }
 
     /// Whether every product of a forward pass is batch-invariant, so that a row's logits do
@@ -421,6 +440,10 @@ impl LanguageModel for Model {
 
     fn weight_bytes(&self) -> usize {
         Model::weight_bytes(self)
+    }
+
+    fn weight_bytes_per_token(&self) -> usize {
+        Model::weight_bytes_per_token(self)
     }
 
     fn prefill_activation_bytes(&self, chunk_tokens: usize) -> u64 {

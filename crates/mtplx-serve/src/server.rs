@@ -117,7 +117,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     config.check().map_err(ServeError::Config)?;
     let path = model_path(&config).await?;
     let (bundle, backend) = load(&config, path.clone()).await?;
-    let weight_bytes = bundle.model.weight_bytes();
+    let (weight_bytes, per_token) = (
+        bundle.model.weight_bytes(),
+        bundle.model.weight_bytes_per_token(),
+    );
     let weights = bundle.model.numerics();
     let settings = config.settings();
     let state = AppState::with_backend(Arc::new(bundle), settings.clone(), backend)
@@ -128,7 +131,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .map_err(io(format!("bind {addr}")))?;
     let local = listener.local_addr().map_err(io("local address"))?;
     println!(
-        "mtplx serving {} ({}) on http://{local} | device {} | context {} tokens | weights {:.1} MiB ({}) | \
+        "mtplx serving {} ({}) on http://{local} | device {} | context {} tokens | weights {:.1} MiB ({}), {:.1} MiB read a token | \
          kv {} {:?} | max active {} | speculation {} | memory limit {:.1} GiB, bank {:.1} GiB | SSD cache {} \
          | request log {} | key {}",
         state.model_id(),
@@ -137,6 +140,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         state.context_window(),
         weight_bytes as f64 / (1 << 20) as f64,
         weights,
+        per_token as f64 / (1 << 20) as f64,
         state.tier().factory().dtype(),
         state.tier().factory().layout(),
         settings.max_active_requests,

@@ -282,6 +282,13 @@ impl LanguageModel for HybridModel {
         layers + mtp + self.embed.len() * 4 + self.lm_head.weight_bytes()
     }
 
+    fn weight_bytes_per_token(&self) -> usize {
+        // The embedding is an `f32` table of its own (one row a token); the MTP head runs
+        // only when drafting.
+        let layers: usize = self.layers.iter().map(Layer::weight_bytes).sum();
+        layers + self.lm_head.weight_bytes()
+    }
+
     fn is_batch_invariant(&self) -> bool {
         HybridModel::is_batch_invariant(self)
     }
