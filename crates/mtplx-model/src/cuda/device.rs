@@ -68,6 +68,8 @@ struct KvKernels {
 pub struct CudaDevice {
     ordinal: usize,
     name: String,
+    /// Its compute capability (major, minor).
+    capability: (i32, i32),
     stream: Arc<CudaStream>,
     k: Kernels,
     host_ops: std::sync::Mutex<()>,
@@ -75,7 +77,12 @@ pub struct CudaDevice {
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaDevice(cuda:{}, {})", self.ordinal, self.name)
+        let (major, minor) = self.capability;
+        write!(
+            f,
+            "CudaDevice(cuda:{}, {}, sm_{major}{minor})",
+            self.ordinal, self.name
+        )
     }
 }
 
@@ -160,10 +167,24 @@ impl CudaDevice {
         Ok(Arc::new(CudaDevice {
             ordinal,
             name,
+            capability: (major, minor),
             stream,
             k,
             host_ops: std::sync::Mutex::new(()),
         }))
+    }
+
+    /// Whether a prefill chunk's 8-bit products run on tensor cores (`mmq_F`: a device of
+    /// sm_80 or later, whose source has them).
+    #[cfg(test)]
+    pub(crate) fn q8_on_tensor_cores(&self) -> bool {
+        self.k.q8.as_ref().is_some_and(Q8Kernels::has_tiles)
+    }
+
+    /// Its compute capability (major, minor).
+    #[cfg(test)]
+    pub(crate) fn capability(&self) -> (i32, i32) {
+        self.capability
     }
 
     /// Held while a copy, allocation or free is queued from the host, and through a whole

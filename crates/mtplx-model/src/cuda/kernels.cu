@@ -578,6 +578,34 @@ MATVEC1(10)
 #define QROWS 4
 #define QWARPS 8
 
+// One block of 256 values of x rounded by a warp, lane l holding values 8 l .. 8 l + 7 in v:
+// the words of its eight rounded values in w, the sum of the sixteen values of its lane
+// pair (l & ~1, l | 1) in *s16, and the block's d in *d. Every rounding of x to 8 bits (the
+// products of a few rows and the tiles of a prefill chunk) runs this, so they agree.
+__device__ __forceinline__ void q8k_round_warp(const float* v, unsigned* w, int* s16, float* d_out) {
+    // The largest magnitude as bits: non-negative floats order as their bits do.
+    unsigned m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) m = max(m, __float_as_uint(v[i]) & 0x7FFFFFFFu);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(FULL_MASK, m, o));
+    float amax = __uint_as_float(m), d = 0.0f, id = 0.0f;
+    if (amax != 0.0f) {
+        d = __fdiv_rn(amax, 127.0f);
+        id = __fdiv_rn(127.0f, amax);
+    }
+    w[0] = w[1] = 0u;
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int q = __float2int_rn(__fmul_rn(v[i], id));
+        s += q;
+        w[i >> 2] |= ((unsigned)q & 0xFFu) << (8 * (i & 3));
+    }
+    *s16 = s + __shfl_xor_sync(FULL_MASK, s, 1);
+    *d_out = d;
+}
+
 // Rows 0 .. nr - 1 of x (rows of `in` values, in a multiple of 256) rounded into sq (int8
 // values, half blocks QHALF bytes apart), sd (each block's d) and ss (each 16 values' sum).
 __device__ __forceinline__ void q8k_round(const float* __restrict__ x, int in, int nr,
@@ -588,29 +616,13 @@ __device__ __forceinline__ void q8k_round(const float* __restrict__ x, int in, i
         const float4* xs = reinterpret_cast<const float4*>(x + (long long)r * in + 256 * b + 8 * lane);
         float4 a = xs[0], c = xs[1];
         float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-        // The largest magnitude as bits: non-negative floats order as their bits do.
-        unsigned m = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) m = max(m, __float_as_uint(v[i]) & 0x7FFFFFFFu);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(FULL_MASK, m, o));
-        float amax = __uint_as_float(m), d = 0.0f, id = 0.0f;
-        if (amax != 0.0f) {
-            d = __fdiv_rn(amax, 127.0f);
-            id = __fdiv_rn(127.0f, amax);
-        }
-        unsigned w[2] = {0u, 0u};
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int q = __float2int_rn(__fmul_rn(v[i], id));
-            s += q;
-            w[i >> 2] |= ((unsigned)q & 0xFFu) << (8 * (i & 3));
-        }
+        unsigned w[2];
+        int s;
+        float d;
+        q8k_round_warp(v, w, &s, &d);
         // Values 8 lane .. 8 lane + 7: half lane / 16 of the block.
         *reinterpret_cast<uint2*>(sq + (r * (in >> 7) + 2 * b + (lane >> 4)) * QHALF + 8 * (lane & 15)) =
             make_uint2(w[0], w[1]);
-        s += __shfl_xor_sync(FULL_MASK, s, 1);
         if ((lane & 1) == 0) ss[r * (in >> 4) + 16 * b + (lane >> 1)] = s;
         if (lane == 0) sd[r * nb + b] = d;
     }
@@ -797,6 +809,217 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
     }
 MATVEC_Q8(8)
 MATVEC_Q8(10)
+
+// The same products for a prefill chunk's many rows, on tensor cores: a block takes MMQ_ROWS
+// rows of x and MMQ_OUTS outputs, so a chunk reads the weights once per MMQ_ROWS rows
+// (matvecq_F: once per QROWS). The arithmetic is matvecq_F's. For each block of 256 inputs
+// in order the block rounds its rows of x with q8k_round_warp into shared memory, and the
+// integer sums of weight values times rounded x come from `mma` on 8-bit integers: each
+// sub-block's (Q4_K: 32 values; Q6_K: 16) exact sum, then the sub-block scales applied in
+// integers. Integer sums are exact in any order, so t and m are matvecq_F's integers, and
+// each output's float chain (Q4_K: acc = fma(float(t), d · dx, acc), then acc =
+// fma(float(m), dmin · (−dx), acc); Q6_K: the first only) runs over the blocks in the same
+// order: a row's result is the same bits whichever kernel computes it.
+//
+// Warp w takes rows 16 (w % 4) .. + 15 of the block's rows and outputs 64 (w / 4) .. + 63 of
+// its outputs: eight tiles of 16 rows × 8 outputs, in the `mma` fragment layouts (lane l:
+// g = l / 4, c = l % 4; A holds row g and g + 8, inputs 4c .. 4c + 3 and 16 + 4c ..; B
+// output g, inputs 4c .. 4c + 3 (and 16 + 4c .. at k = 32); C rows g and g + 8, outputs
+// 2c and 2c + 1). Needs sm_80 (the launch checks the kernel loaded).
+#define MMQ_ROWS 64
+#define MMQ_OUTS 128
+#define MMQ_WARPS 8
+// A rounded row of one block of 256 in shared memory, padded so that the eight rows a
+// fragment load reads start in different banks.
+#define MMQ_XSTRIDE 272
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void mma_k32(const unsigned* a, unsigned b0, unsigned b1, int* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0),
+          "r"(0));
+}
+
+__device__ __forceinline__ void mma_k16(unsigned a0, unsigned a1, unsigned b, int* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%8,%9,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+template <int FMT>
+__device__ __forceinline__ void mmq_body(const u8* __restrict__ W, long long row_bytes,
+                                         const float* __restrict__ x,
+                                         const float* __restrict__ bias, float* y, int n, int in,
+                                         int rows, int y_stride, int y_off, int accumulate) {
+    __shared__ __align__(16) signed char sx[MMQ_ROWS * MMQ_XSTRIDE];
+    __shared__ int ss[MMQ_ROWS * 16];
+    __shared__ float sd[MMQ_ROWS];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, c = lane & 3;
+    int r0 = blockIdx.y * MMQ_ROWS, wr = 16 * (warp & 3);
+    int o0 = blockIdx.x * MMQ_OUTS + 64 * (warp >> 2);
+    int nb = in >> 8;
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        __syncthreads();
+        for (int rr = warp; rr < MMQ_ROWS; rr += MMQ_WARPS) {
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (r0 + rr < n) {
+                const float4* xs =
+                    reinterpret_cast<const float4*>(x + (long long)(r0 + rr) * in + 256 * b + 8 * lane);
+                float4 p = xs[0], q = xs[1];
+                v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w;
+                v[4] = q.x; v[5] = q.y; v[6] = q.z; v[7] = q.w;
+            }
+            unsigned w[2];
+            int s;
+            float d;
+            q8k_round_warp(v, w, &s, &d);
+            *reinterpret_cast<uint2*>(sx + rr * MMQ_XSTRIDE + 8 * lane) = make_uint2(w[0], w[1]);
+            if ((lane & 1) == 0) ss[rr * 16 + (lane >> 1)] = s;
+            if (lane == 0) sd[rr] = d;
+        }
+        __syncthreads();
+        // This lane's A words: rows wr + g and wr + g + 8, inputs 16 k + 4 c .. + 3 for each
+        // 16 inputs k of the block.
+        unsigned xa[16], xb[16];
+        const signed char* ra = sx + (wr + g) * MMQ_XSTRIDE + 4 * c;
+        const signed char* rb = ra + 8 * MMQ_XSTRIDE;
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            xa[k] = *reinterpret_cast<const unsigned*>(ra + 16 * k);
+            xb[k] = *reinterpret_cast<const unsigned*>(rb + 16 * k);
+        }
+        // The scales of x for this lane's two rows.
+        float dxa = sd[wr + g], dxb = sd[wr + g + 8];
+        const int* sa = ss + (wr + g) * 16;
+        const int* sb = sa + 8 * 16;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            // B: output ob's values; C: outputs oc and oc + 1.
+            int ob = o0 + 8 * j + g, oc = o0 + 8 * j + 2 * c;
+            int t[4] = {0, 0, 0, 0}, m[4] = {0, 0, 0, 0};
+            float dw[2] = {0.0f, 0.0f}, mw[2] = {0.0f, 0.0f};
+            if (FMT == FMT_Q4K) {
+                unsigned qw[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) qw[i] = 0u;
+                if (ob < rows) {
+                    const u8* blk = W + (long long)ob * row_bytes + 144 * b + 16 + 4 * c;
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        qw[2 * h] = *reinterpret_cast<const unsigned*>(blk + 32 * h);
+                        qw[2 * h + 1] = *reinterpret_cast<const unsigned*>(blk + 32 * h + 16);
+                    }
+                }
+                int sc[2][8], mn[2][8];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) sc[e][k] = mn[e][k] = 0;
+                    if (oc + e < rows) {
+                        uint4 hdr = *reinterpret_cast<const uint4*>(W + (long long)(oc + e) * row_bytes + 144 * b);
+                        half_pair(hdr.x, &dw[e], &mw[e]);
+                        unsigned scw[3] = {hdr.y, hdr.z, hdr.w};
+#pragma unroll
+                        for (int k = 0; k < 8; k++) scale_min_k4w(k, scw, &sc[e][k], &mn[e][k]);
+                    }
+                }
+                // Sub-block k (32 values): chunk k / 2's bytes, low nibbles then high.
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    int sh = 4 * (k & 1);
+                    unsigned b0 = (qw[2 * (k >> 1)] >> sh) & 0x0F0F0F0Fu;
+                    unsigned b1 = (qw[2 * (k >> 1) + 1] >> sh) & 0x0F0F0F0Fu;
+                    unsigned a[4] = {xa[2 * k], xb[2 * k], xa[2 * k + 1], xb[2 * k + 1]};
+                    int dot[4];
+                    mma_k32(a, b0, b1, dot);
+                    int xs_a = sa[2 * k] + sa[2 * k + 1], xs_b = sb[2 * k] + sb[2 * k + 1];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        t[i] += sc[i & 1][k] * dot[i];
+                        m[i] += mn[i & 1][k] * (i < 2 ? xs_a : xs_b);
+                    }
+                }
+            } else {
+                // Q6_K: 210 bytes a block (2-byte aligned): ql[128], qh[64], scales[16], d.
+                int sc[2][16];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+#pragma unroll
+                    for (int k = 0; k < 16; k++) sc[e][k] = 0;
+                    if (oc + e < rows) {
+                        const u8* blk = W + (long long)(oc + e) * row_bytes + 210 * b;
+                        unsigned scw[4];
+                        words_at<4>(blk + 192, scw);
+                        dw[e] = half_bits(u16_at(blk + 208));
+#pragma unroll
+                        for (int k = 0; k < 16; k++) sc[e][k] = (int)(signed char)byte_of(scw, k);
+                    }
+                }
+                const u8* blk = W + (long long)ob * row_bytes + 210 * b;
+                // Group k (16 values, scale k): half k / 8, quarter (k % 8) / 2, words
+                // 4 (k % 2) + c of the quarter's 32 values.
+#pragma unroll
+                for (int k = 0; k < 16; k++) {
+                    int h = k >> 3, q = (k & 7) >> 1, wi = 4 * (k & 1) + c;
+                    unsigned v = 0u;
+                    if (ob < rows) {
+                        unsigned ql[1], qh[1];
+                        words_at<1>(blk + 64 * h + 32 * (q & 1) + 4 * wi, ql);
+                        words_at<1>(blk + 128 + 32 * h + 4 * wi, qh);
+                        v = ((ql[0] >> (4 * (q >> 1))) & 0x0F0F0F0Fu) |
+                            (((qh[0] >> (2 * q)) & 0x03030303u) << 4);
+                    }
+                    int dot[4];
+                    mma_k16(xa[k], xb[k], v, dot);
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        t[i] += sc[i & 1][k] * (dot[i] - 32 * (i < 2 ? sa[k] : sb[k]));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float dx = i < 2 ? dxa : dxb;
+                acc[j][i] = __fmaf_rn(__int2float_rn(t[i]), __fmul_rn(dw[i & 1], dx), acc[j][i]);
+                if (FMT == FMT_Q4K)
+                    acc[j][i] = __fmaf_rn(__int2float_rn(m[i]), __fmul_rn(mw[i & 1], -dx), acc[j][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + wr + g + 8 * (i >> 1), o = o0 + 8 * j + 2 * c + (i & 1);
+            if (r < n && o < rows) {
+                float t = acc[j][i];
+                if (bias) t = t + bias[y_off + o];
+                float* dst = y + (long long)r * y_stride + y_off + o;
+                *dst = accumulate ? *dst + t : t;
+            }
+        }
+    }
+}
+
+#define MMQ(F)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS) mmq_##F(                  \
+        const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
+        int in, int rows, int y_stride, int y_off, int accumulate) {                         \
+        mmq_body<F>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off, accumulate);     \
+    }
+MMQ(8)
+MMQ(10)
+#endif
 
 // ---- K/V rows as the cache stores them ----
 //

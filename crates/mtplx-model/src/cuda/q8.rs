@@ -25,11 +25,24 @@ pub(super) const QROWS: usize = 4;
 pub(super) const QWARPS: u32 = 8;
 /// Inputs per block of rounded activations (the K-quants' 256).
 const QBLOCK: usize = 256;
+/// Rows of x a tensor-core block takes (`MMQ_ROWS`: `mmq_F`, a prefill chunk's products).
+pub(super) const MMQ_ROWS: usize = 64;
+/// Outputs a tensor-core block computes (`MMQ_OUTS`).
+pub(super) const MMQ_OUTS: u32 = 128;
+/// Warps a tensor-core block (`MMQ_WARPS`: its launch bounds).
+pub(super) const MMQ_WARPS: u32 = 8;
+/// From this many rows of x a product goes to the tensor-core kernel (the same bits as
+/// `matvecq_F`, so the choice is speed only): a verify block of a few drafted tokens stays
+/// on `matvecq_F`, a prefill chunk reads its weights a sixteenth as often.
+pub(super) const MMQ_FROM_ROWS: usize = 16;
 
-/// The kernels, by format: Q4_K and Q6_K, for several rows and for one.
+/// The kernels, by format: Q4_K and Q6_K, for several rows and for one, and on tensor
+/// cores for many (`None`: a device before sm_80, whose source leaves them out, or a
+/// source without them).
 pub(super) struct Q8Kernels {
     rows: [CudaFunction; 2],
     one: [CudaFunction; 2],
+    tiles: Option<[CudaFunction; 2]>,
 }
 
 impl Q8Kernels {
@@ -43,7 +56,17 @@ impl Q8Kernels {
         Ok(Q8Kernels {
             rows: [load("matvecq_8")?, load("matvecq_10")?],
             one: [load("matvec1q_8")?, load("matvec1q_10")?],
+            tiles: match (load("mmq_8"), load("mmq_10")) {
+                (Ok(q4k), Ok(q6k)) => Some([q4k, q6k]),
+                _ => None,
+            },
         })
+    }
+
+    /// Whether the tensor-core kernels loaded.
+    #[cfg(test)]
+    pub(super) fn has_tiles(&self) -> bool {
+        self.tiles.is_some()
     }
 
     /// Every kernel (their shared-memory limit is set at load, as `matvec1`'s).
@@ -67,9 +90,25 @@ impl Q8Kernels {
             WeightCode::Q6K => 1,
             _ => return None,
         };
+        if !cols.is_multiple_of(QBLOCK) {
+            return None;
+        }
+        if let (Some(tiles), true) = (&self.tiles, n >= MMQ_FROM_ROWS) {
+            // Its shared memory is static (one block of 256 of its rows at a time).
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (rows as u32).div_ceil(MMQ_OUTS),
+                    n.div_ceil(MMQ_ROWS) as u32,
+                    1,
+                ),
+                block_dim: (32 * MMQ_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            return Some((&tiles[slot], cfg));
+        }
         let nr = if n == 1 { 1 } else { QROWS };
         let shared = shared_bytes(cols, nr);
-        if !cols.is_multiple_of(QBLOCK) || shared > limit {
+        if shared > limit {
             return None;
         }
         let func = if n == 1 {

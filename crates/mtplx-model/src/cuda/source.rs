@@ -291,5 +291,10 @@ mod tests {
         assert_eq!(define("QOUTS"), QOUTS as usize, "QOUTS");
         assert_eq!(define("QROWS"), QROWS, "QROWS");
         assert_eq!(define("QWARPS"), QWARPS as usize, "QWARPS");
+        use super::super::q8::{MMQ_OUTS, MMQ_ROWS, MMQ_WARPS};
+        assert_eq!(define("MMQ_ROWS"), MMQ_ROWS, "MMQ_ROWS");
+        assert_eq!(define("MMQ_OUTS"), MMQ_OUTS as usize, "MMQ_OUTS");
+        assert_eq!(define("MMQ_WARPS"), MMQ_WARPS as usize, "MMQ_WARPS");
+        assert!(SOURCE.contains("__launch_bounds__(32 * MMQ_WARPS) mmq_"));
     }
 }

@@ -181,14 +181,22 @@ fn products_over_every_format_are_right_and_row_invariant() {
 
 /// With 8-bit activations, Q4_K and Q6_K products are the CPU's `Activations::Q8` products
 /// bit for bit, a row alone or among others: widths of 3 blocks of 256 and of 17 (a warp
-/// takes 16 a step: a whole step and a partial one), 70 outputs (partial warps and blocks),
-/// a row with an all-zero block of inputs and one with a block of tiny values.
+/// takes 16 a step: a whole step and a partial one), 70 and 200 outputs (partial warps and
+/// blocks), a row with an all-zero block of inputs and one with a block of tiny values; 6
+/// rows of x (`matvecq_F`) and 83 (`mmq_F`, on tensor cores: a whole block of 64 rows and
+/// a partial one).
 #[test]
 fn eight_bit_products_are_the_cpus_bit_for_bit() {
     let Some(dev) = device() else { return };
+    // 83 rows go to the tensor cores wherever the device has them.
+    assert_eq!(dev.q8_on_tensor_cores(), dev.capability().0 >= 8);
     let mut rng = Rng(23);
-    let (rows, n) = (70, 6);
-    for format in [QuantFormat::Q4K, QuantFormat::Q6K] {
+    for (format, rows, n) in [
+        (QuantFormat::Q4K, 70, 6),
+        (QuantFormat::Q6K, 70, 6),
+        (QuantFormat::Q4K, 200, 83),
+        (QuantFormat::Q6K, 200, 83),
+    ] {
         for cols in [768, 17 * 256] {
             let bytes = random_blocks(format, rows, cols, &mut rng);
             let host =
