@@ -347,7 +347,7 @@ impl Model {
         layers + embed + head
     }
 
-    /// Bytes of weights a decode step reads ([`Forward::weight_bytes_per_token`]): the
+    /// Bytes of weights a decode step reads ([`LanguageModel::weight_bytes_per_token`]): the
     /// layers' matrices and the output head (the table itself when tied to it).
     pub fn weight_bytes_per_token(&self) -> usize {
         let (layers, embed, head) = self.weight_parts();

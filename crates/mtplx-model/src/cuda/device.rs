@@ -77,12 +77,8 @@ pub struct CudaDevice {
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (major, minor) = self.capability;
-        write!(
-            f,
-            "CudaDevice(cuda:{}, {}, sm_{major}{minor})",
-            self.ordinal, self.name
-        )
+        let (o, name, (major, minor)) = (self.ordinal, &self.name, self.capability);
+        write!(f, "CudaDevice(cuda:{o}, {name}, sm_{major}{minor})")
     }
 }
 

@@ -222,8 +222,7 @@ impl LanguageModel for CudaModel {
     fn weight_bytes_per_token(&self) -> usize {
         // An untied embedding is an `f32` table of its own (one row a token); a tied one is
         // the head.
-        let layers = self.layer_bytes();
-        layers + self.lm_head.bytes()
+        self.layer_bytes() + self.lm_head.bytes()
     }
 
     fn is_batch_invariant(&self) -> bool {
