@@ -45,14 +45,6 @@ pub struct CudaModel {
 }
 
 impl CudaModel {
-    /// Bytes of the layers' matrices on the device.
-    fn layer_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
-            .sum()
-    }
-
     /// Loads a dense (Llama / Qwen2 / Qwen3) GGUF file or Hugging Face folder onto `dev`,
     /// each weight in its file's own blocks (see [`CudaModel::from_model`]).
     pub fn load(path: &Path, dev: Arc<CudaDevice>) -> Result<Self> {
@@ -210,19 +202,23 @@ impl LanguageModel for CudaModel {
     }
 
     fn weight_bytes(&self) -> usize {
-        let layers = self.layer_bytes();
-        let head = if Arc::ptr_eq(&self.embed, &self.lm_head) {
+        // What a token reads, and an untied embedding's table (a tied one is the head).
+        let table = if Arc::ptr_eq(&self.embed, &self.lm_head) {
             0
         } else {
-            self.lm_head.bytes()
+            self.embed.bytes()
         };
-        self.embed.bytes() + layers + head
+        self.weight_bytes_per_token() + table
     }
 
     fn weight_bytes_per_token(&self) -> usize {
-        // An untied embedding is an `f32` table of its own (one row a token); a tied one is
-        // the head.
-        self.layer_bytes() + self.lm_head.bytes()
+        // An untied embedding is an `f32` table of its own (one row a token).
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
+            .sum();
+        layers + self.lm_head.bytes()
     }
 
     fn is_batch_invariant(&self) -> bool {

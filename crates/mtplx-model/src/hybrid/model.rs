@@ -277,9 +277,8 @@ impl LanguageModel for HybridModel {
     }
 
     fn weight_bytes(&self) -> usize {
-        let layers: usize = self.layers.iter().map(Layer::weight_bytes).sum();
         let mtp = self.mtp.as_ref().map_or(0, |m| m.weight_bytes());
-        layers + mtp + self.embed.len() * 4 + self.lm_head.weight_bytes()
+        self.weight_bytes_per_token() + mtp + self.embed.len() * 4
     }
 
     fn weight_bytes_per_token(&self) -> usize {
