@@ -125,6 +125,24 @@ pub const PLAN: &[Step] = &[
         own: &[("FILES", "q4_0")],
     },
     Step {
+        name: "default",
+        measures: "the default model's shape and formats (SmolLM2-135M, Q4_1 with a Q8_0 \
+                   tied embedding, seeded weights: its file is too large for a call): decode \
+                   at an empty context and at ~4K, prefill at ~512 and ~4,096; mtplx and \
+                   llama.cpp",
+        shared: &[],
+        own: &[
+            ("FILES", "q4_1"),
+            ("SHAPE", "smollm2-135m"),
+            ("SIZES", "24,490,3980"),
+            ("CONTEXT", "8192"),
+            ("LLAMA_CTX", "8192"),
+            ("ROUNDS", "2"),
+            ("GEN", "128"),
+            ("LLAMA", "1"),
+        ],
+    },
+    Step {
         name: "8b-32k",
         measures: "Q4_K_M at ~32K tokens on mtplx: prefill and decode, and the returning \
                    conversation (restored from SSD after a SIGKILL against its re-prefill)",
@@ -486,6 +504,7 @@ mod tests {
             "LLAMA",
             "RETURNING",
             "PARTS",
+            "SHAPE",
         ];
         let script =
             std::fs::read_to_string(crate::peer::workspace_root().join("tools/bench/gpu_run.sh"))

@@ -15,10 +15,10 @@ pub struct MakeShapedArgs {
     /// The file to write (its folder is created if missing).
     #[arg(long)]
     pub out: PathBuf,
-    /// `llama3-8b` or `tiny`.
+    /// `llama3-8b`, `smollm2-135m` (the default model's) or `tiny`.
     #[arg(long, default_value = "llama3-8b")]
     pub shape: String,
-    /// `q4_0` or `q4_k_m`.
+    /// `q4_0`, `q4_k_m` or `q4_1` (the default model's: Q4_1, the tied embedding Q8_0).
     #[arg(long, default_value = "q4_k_m")]
     pub quant: String,
     /// The weights' seed: the same arguments write the same bytes.
@@ -39,8 +39,9 @@ pub struct MakeShapedArgs {
 fn shape(name: &str) -> Result<Shape> {
     Ok(match name {
         "llama3-8b" => Shape::LLAMA3_8B,
+        "smollm2-135m" => Shape::SMOLLM2_135M,
         "tiny" => Shape::TINY,
-        other => bail!("--shape {other}: `llama3-8b` or `tiny`"),
+        other => bail!("--shape {other}: `llama3-8b`, `smollm2-135m` or `tiny`"),
     })
 }
 
@@ -49,7 +50,8 @@ fn quant(name: &str) -> Result<Quant> {
     Ok(match name {
         "q4_0" => Quant::Q4_0,
         "q4_k_m" => Quant::Q4KM,
-        other => bail!("--quant {other}: `q4_0` or `q4_k_m`"),
+        "q4_1" => Quant::Q4_1,
+        other => bail!("--quant {other}: `q4_0`, `q4_k_m` or `q4_1`"),
     })
 }
 

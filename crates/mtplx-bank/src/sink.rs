@@ -47,7 +47,10 @@ impl KvSink for CacheSink<'_> {
             )
             .into());
         }
-        self.cache = Some(self.factory.new_cache(self.shape));
+        let mut cache = self.factory.new_cache(self.shape);
+        // A device cache grows by copying: once for the whole restore, not once a block.
+        cache.reserve_positions(rows)?;
+        self.cache = Some(cache);
         self.rows = rows;
         Ok(())
     }

@@ -137,6 +137,15 @@ pub trait KvCache: KvView {
         None
     }
 
+    /// Makes room for `n` positions in every layer ahead of the appends that will bring it
+    /// there (a restore knows its length before its first row): a hint, with the same rows
+    /// stored either way. The default does nothing; a layout that grows by copying (a
+    /// device's) grows once instead of once per block of rows.
+    fn reserve_positions(&mut self, n: usize) -> Result<(), KvError> {
+        let _ = n;
+        Ok(())
+    }
+
     /// Causal attention of `q` (`[n_q, q_heads, head_dim]`, the newest `n_q` positions of
     /// `layer`) over the layer's rows, written to `out` (same shape).
     ///

@@ -2,14 +2,17 @@
 //! llama.cpp quantizes that shape (what `cargo xtask make-shaped` writes, for speed
 //! benchmarks: a speed figure needs a model's bytes and shapes, not its weights, and no
 //! package ships an 8B file). The shapes: [`Shape::LLAMA3_8B`] (vocabulary 128,256, hidden
-//! 4,096, 32 layers, 32 query heads over 8 KV heads of 128, feed-forward 14,336) and
-//! [`Shape::TINY`] (for tests). The quantizations ([`Quant`]):
+//! 4,096, 32 layers, 32 query heads over 8 KV heads of 128, feed-forward 14,336),
+//! [`Shape::SMOLLM2_135M`] (the default model's, so its speed can be measured where its
+//! file can't be taken) and [`Shape::TINY`] (for tests). The quantizations ([`Quant`]):
 //!
 //! - `Q4_0`: every matrix Q4_0 but the output, which is Q6_K (llama.cpp's `Q4_0` file type
 //!   does the same);
 //! - `Q4_K_M`: llama.cpp's rule: Q4_K everywhere, Q6_K for the output and for `attn_v` and
 //!   `ffn_down` in the layers its `use_more_bits` picks (the first and last eighth, and
-//!   every third in between).
+//!   every third in between);
+//! - `Q4_1`: every matrix Q4_1, the embedding Q8_0 (the default model's file: its output is
+//!   the embedding, so a shape with `tied` has no `output.weight`).
 //!
 //! The blocks are written straight from a seeded stream ([`crate::sampling::Rng`]): the
 //! quantized values random, the scales fixed so the weights come out at roughly ±0.02. So
@@ -38,6 +41,8 @@ pub struct Shape {
     pub kv_heads: usize,
     pub context: usize,
     pub rope_theta: f32,
+    /// The output projection is the embedding table (no `output.weight`).
+    pub tied: bool,
 }
 
 impl Shape {
@@ -51,6 +56,19 @@ impl Shape {
         kv_heads: 8,
         context: 8192,
         rope_theta: 500_000.0,
+        tied: false,
+    };
+    /// SmolLM2-135M's (the default model), with its tied embedding.
+    pub const SMOLLM2_135M: Shape = Shape {
+        vocab: 49_152,
+        hidden: 576,
+        ffn: 1536,
+        layers: 30,
+        heads: 9,
+        kv_heads: 3,
+        context: 8192,
+        rope_theta: 100_000.0,
+        tied: true,
     };
     /// The default model's vocabulary and 64 more (so the padding is exercised), nine
     /// layers (so Q4_K_M's rule picks some), small matrices.
@@ -63,6 +81,7 @@ impl Shape {
         kv_heads: 2,
         context: 2048,
         rope_theta: 10_000.0,
+        tied: false,
     };
 
     fn head_dim(&self) -> usize {
@@ -81,18 +100,27 @@ pub fn more_bits(layer: usize, layers: usize) -> bool {
 pub enum Quant {
     Q4_0,
     Q4KM,
+    Q4_1,
 }
 
 impl Quant {
     fn file_type(self) -> u32 {
         match self {
             Quant::Q4_0 => 2,
+            Quant::Q4_1 => 3,
             Quant::Q4KM => 15,
         }
     }
 
     /// `kind`: the tensor's name without its `blk.N.` prefix; `layer` its layer.
     pub fn dtype(self, kind: &str, layer: usize, layers: usize) -> GgmlDType {
+        if self == Quant::Q4_1 {
+            return if kind == "token_embd.weight" {
+                GgmlDType::Q8_0
+            } else {
+                GgmlDType::Q4_1
+            };
+        }
         let six = kind == "output.weight"
             || (self == Quant::Q4KM
                 && matches!(kind, "attn_v.weight" | "ffn_down.weight")
@@ -101,6 +129,7 @@ impl Quant {
             (true, _) => GgmlDType::Q6K,
             (false, Quant::Q4_0) => GgmlDType::Q4_0,
             (false, Quant::Q4KM) => GgmlDType::Q4K,
+            (false, Quant::Q4_1) => unreachable!("Q4_1 returned above"),
         }
     }
 }
@@ -124,6 +153,13 @@ fn random_blocks(dtype: GgmlDType, rows: usize, cols: usize, rng: &mut Rng) -> V
         match dtype {
             // d, then 16 bytes of 4-bit values (w = d·(q − 8)).
             GgmlDType::Q4_0 => block[..2].copy_from_slice(&f16(0.004)),
+            // d, m, then 16 bytes of 4-bit values (w = d·q + m; m = −7.5·d centres them).
+            GgmlDType::Q4_1 => {
+                block[..2].copy_from_slice(&f16(0.004));
+                block[2..4].copy_from_slice(&f16(-0.03));
+            }
+            // d, then 32 signed bytes (w = d·q).
+            GgmlDType::Q8_0 => block[..2].copy_from_slice(&f16(1.5e-4)),
             // d, dmin, 12 bytes of 6-bit scales and mins, 128 of 4-bit values
             // (w = d·sc·q − dmin·m; dmin = 7.5·d centres them).
             GgmlDType::Q4K => {
@@ -138,7 +174,21 @@ fn random_blocks(dtype: GgmlDType, rows: usize, cols: usize, rng: &mut Rng) -> V
     out
 }
 
-/// The source file's `tokenizer.*` metadata, its token list padded to `vocab` ids.
+/// Whether every token of `gguf` from id `vocab` on is a `<|reserved_N|>` padding token
+/// (one a shaped file added).
+fn reserved_past(gguf: &GgufSource, vocab: usize) -> bool {
+    match gguf.content().metadata.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(tokens)) => tokens
+            .iter()
+            .enumerate()
+            .skip(vocab)
+            .all(|(i, t)| matches!(t, Value::String(t) if *t == format!("<|reserved_{i}|>"))),
+        _ => false,
+    }
+}
+
+/// The source file's `tokenizer.*` metadata, its token list padded to `vocab` ids (or
+/// trimmed to them where the ids past `vocab` are padding a shaped file added).
 fn tokenizer_metadata(source: &Path, vocab: usize) -> Result<Vec<(String, Value)>> {
     let gguf = GgufSource::open(source)?;
     let mut out: Vec<(String, Value)> = gguf
@@ -149,6 +199,7 @@ fn tokenizer_metadata(source: &Path, vocab: usize) -> Result<Vec<(String, Value)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
+    let trimmable = reserved_past(&gguf, vocab);
     for (key, value) in &mut out {
         let Value::Array(items) = value else { continue };
         let have = items.len();
@@ -162,13 +213,19 @@ fn tokenizer_metadata(source: &Path, vocab: usize) -> Result<Vec<(String, Value)
         if pad(0).is_none() {
             continue;
         }
+        // A shaped file's own padding past `vocab` goes (the tokenizer of a file with a
+        // larger vocabulary, e.g. the `tiny` shape's, for a smaller shape); a real token
+        // past it is an error.
         if have > vocab {
-            return Err(ModelError::BadGguf {
-                path: source.to_path_buf(),
-                reason: format!("{key}: {have} entries, more than the shape's {vocab}"),
-            });
+            if !trimmable {
+                return Err(ModelError::BadGguf {
+                    path: source.to_path_buf(),
+                    reason: format!("{key}: {have} entries, more than the shape's {vocab}"),
+                });
+            }
+            items.truncate(vocab);
         }
-        items.extend((have..vocab).filter_map(pad));
+        items.extend((have.min(vocab)..vocab).filter_map(pad));
     }
     Ok(out)
 }
@@ -251,7 +308,9 @@ pub fn write_gguf(
             matrix(format!("blk.{l}.{kind}"), kind, l, rows, cols)?;
         }
     }
-    matrix("output.weight".into(), "output.weight", 0, s.vocab, h)?;
+    if !s.tied {
+        matrix("output.weight".into(), "output.weight", 0, s.vocab, h)?;
+    }
     let ones = |n: usize| {
         let t = candle_core::Tensor::ones(n, candle_core::DType::F32, &Device::Cpu)?;
         Ok::<_, ModelError>(QTensor::quantize(&t, GgmlDType::F32)?)
@@ -297,6 +356,106 @@ mod tests {
         assert_eq!(Quant::Q4_0.dtype("output.weight", 0, 32), GgmlDType::Q6K);
     }
 
+    /// The SmolLM2-135M shape in `Q4_1` is the default model's file as far as speed goes:
+    /// its geometry, its tensor types, and no `output.weight` (the tied embedding).
+    #[test]
+    fn the_smollm2_shape_is_the_default_files() {
+        let Some(model) = std::env::var_os("MTPLX_TEST_MODEL") else {
+            eprintln!("MTPLX_TEST_MODEL not set: run through `cargo xtask test`");
+            return;
+        };
+        let gguf = GgufSource::open(Path::new(&model)).unwrap();
+        let content = gguf.content();
+        let u = |k: &str| match content.metadata.get(&format!("llama.{k}")) {
+            Some(Value::U32(v)) => *v as usize,
+            other => panic!("{k}: {other:?}"),
+        };
+        let s = Shape::SMOLLM2_135M;
+        assert_eq!(
+            (
+                u("embedding_length"),
+                u("feed_forward_length"),
+                u("block_count")
+            ),
+            (s.hidden, s.ffn, s.layers)
+        );
+        assert_eq!(
+            (u("attention.head_count"), u("attention.head_count_kv")),
+            (s.heads, s.kv_heads)
+        );
+        assert_eq!((u("vocab_size"), u("context_length")), (s.vocab, s.context));
+        assert!(
+            matches!(content.metadata.get("llama.rope.freq_base"), Some(Value::F32(t)) if *t == s.rope_theta)
+        );
+        assert!(s.tied && !content.tensor_infos.contains_key("output.weight"));
+        for (name, info) in &content.tensor_infos {
+            let kind = name.split_once("blk.").map_or(name.as_str(), |(_, rest)| {
+                rest.split_once('.').map_or(rest, |(_, kind)| kind)
+            });
+            if info.ggml_dtype != GgmlDType::F32 {
+                assert_eq!(
+                    info.ggml_dtype,
+                    Quant::Q4_1.dtype(kind, 0, s.layers),
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    /// A shaped file's tokenizer serves a shape of a smaller vocabulary (its padding
+    /// dropped: the GPU bench packs the `tiny` file's tokenizer for every shape), but a
+    /// real token past the vocabulary is an error.
+    #[test]
+    fn a_shaped_files_padding_is_trimmed_but_real_tokens_are_not() {
+        let Some(model) = std::env::var_os("MTPLX_TEST_MODEL") else {
+            eprintln!("MTPLX_TEST_MODEL not set: run through `cargo xtask test`");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let tiny = dir.path().join("tiny.gguf");
+        write_gguf(&tiny, Shape::TINY, Quant::Q4_0, 3, Path::new(&model)).unwrap();
+        let md = tokenizer_metadata(&tiny, 49_152).unwrap();
+        let real = tokenizer_metadata(Path::new(&model), 49_152).unwrap();
+        assert_eq!(md.len(), real.len());
+        for ((k, v), (rk, rv)) in md.iter().zip(&real) {
+            assert_eq!(k, rk);
+            assert_eq!(format!("{v:?}"), format!("{rv:?}"), "{k}");
+        }
+        let err = tokenizer_metadata(Path::new(&model), 49_000).unwrap_err();
+        assert!(
+            err.to_string().contains("more than the shape's 49000"),
+            "{err}"
+        );
+    }
+
+    /// A tied shape in `Q4_1` writes no `output.weight`, the types asked for, and a file
+    /// the loader runs.
+    #[test]
+    fn a_tied_q4_1_file_loads_and_generates() {
+        let Some(model) = std::env::var_os("MTPLX_TEST_MODEL") else {
+            eprintln!("MTPLX_TEST_MODEL not set: run through `cargo xtask test`");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tied.gguf");
+        let s = Shape {
+            tied: true,
+            ..Shape::TINY
+        };
+        write_gguf(&file, s, Quant::Q4_1, 3, Path::new(&model)).unwrap();
+        let gguf = GgufSource::open(&file).unwrap();
+        let content = gguf.content();
+        assert!(!content.tensor_infos.contains_key("output.weight"));
+        let ty = |name: &str| content.tensor_infos[name].ggml_dtype;
+        assert_eq!(ty("token_embd.weight"), GgmlDType::Q8_0);
+        assert_eq!(ty("blk.4.ffn_down.weight"), GgmlDType::Q4_1);
+        drop(gguf);
+        let b = crate::Bundle::load(&file, crate::WeightFormat::Native).unwrap();
+        let mut seq = b.model.new_sequence(&mtplx_kv::CacheFactory::paged());
+        let out = crate::generate_greedy(&*b.model, &mut seq, &[1, 2, 3], 4, &[], 64).unwrap();
+        assert_eq!(out.len(), 4);
+    }
+
     /// A tiny file of each quantization has the tensor types asked for, the vocabulary
     /// padded, and llama.cpp's file type.
     #[test]
@@ -328,6 +487,7 @@ mod tests {
                 Quant::Q4_0 => assert!(six.is_empty()),
                 // Nine layers: the first, the last two, and 3 and 6.
                 Quant::Q4KM => assert_eq!(six, [0, 3, 6, 7, 8]),
+                Quant::Q4_1 => unreachable!("not among the quantizations above"),
             }
             let md = &content.metadata;
             let Some(Value::Array(tokens)) = md.get("tokenizer.ggml.tokens") else {

@@ -32,15 +32,40 @@ pub(super) struct LayerRows<'s> {
 /// the default model's K rows is 12 KiB) hash about 1.6× slower than large ones; they are
 /// gathered into a buffer first, which costs a copy of bytes that were just written and are
 /// still in cache. The digest does not depend on how the input is split.
+///
+/// A parallel hasher ([`GatherHasher::parallel`]) hashes an update of
+/// [`GatherHasher::PARALLEL_FROM`] bytes or more on blake3's threads (the same digest): for
+/// a restore whose calling thread hashes and delivers every byte itself (a sink without
+/// direct rows: a device's cache), where that thread is the restore's pace.
 #[derive(Default)]
 pub(super) struct GatherHasher {
     hasher: blake3::Hasher,
     buf: Vec<u8>,
+    parallel: bool,
 }
 
 impl GatherHasher {
     /// Updates of this many bytes or more go to blake3 as they are.
     const GATHER: usize = 64 << 10;
+    /// Updates of this many bytes or more a parallel hasher spreads over threads (blake3's
+    /// threads pay off from a few hundred KiB).
+    pub(super) const PARALLEL_FROM: usize = 512 << 10;
+
+    /// A hasher whose large updates run on several threads.
+    pub(super) fn parallel() -> Self {
+        GatherHasher {
+            parallel: true,
+            ..Self::default()
+        }
+    }
+
+    fn absorb(&mut self, bytes: &[u8]) {
+        if self.parallel && bytes.len() >= Self::PARALLEL_FROM {
+            self.hasher.update_rayon(bytes);
+        } else {
+            self.hasher.update(bytes);
+        }
+    }
 
     /// Starts over.
     pub(super) fn reset(&mut self) {
@@ -60,7 +85,7 @@ impl GatherHasher {
             self.buf.clear();
         }
         if bytes.len() >= Self::GATHER {
-            self.hasher.update(bytes);
+            self.absorb(bytes);
         } else {
             self.buf.extend_from_slice(bytes);
         }

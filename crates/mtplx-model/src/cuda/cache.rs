@@ -153,11 +153,12 @@ impl CudaKvCache {
         let at = self.lens[layer];
         self.reserve(at + n)?;
         let at = at * row;
+        // Through pinned staging: the copy to the device overlaps the caller's next rows.
         self.dev
-            .write(k, &mut self.k[layer], at)
+            .write_staged(k, &mut self.k[layer], at)
             .map_err(kv_error)?;
         self.dev
-            .write(v, &mut self.v[layer], at)
+            .write_staged(v, &mut self.v[layer], at)
             .map_err(kv_error)?;
         self.lens[layer] += n;
         Ok(())
@@ -254,6 +255,10 @@ impl KvCache for CudaKvCache {
         }
         let dtype = self.dtype;
         self.append_bytes(layer, &dtype.encode(k), &dtype.encode(v))
+    }
+
+    fn reserve_positions(&mut self, n: usize) -> Result<(), KvError> {
+        self.reserve(n)
     }
 
     /// Stored bytes go to the device as they are: a restore never rounds them again.

@@ -12,19 +12,16 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use mtplx_kv::KvDtype;
 
+use super::matrix::DeviceMatrix;
 use super::q8::Q8Kernels;
 use super::source::{
     compile_source, quietly, source, LaunchShape, WeightCode, ATTEND_KEYS, ATTEND_ROWS,
-    MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, MAX_SHARED_BYTES, QKV_THREADS,
-    ROW_THREADS,
+    ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS,
+    MAX_SHARED_BYTES, QKV_THREADS, ROW_THREADS,
 };
+use super::staging::Staging;
 use crate::error::{ModelError, Result};
 use crate::kernels::Activations;
-use crate::weights::{FileData, FilePart, Linear};
-
-/// Bytes after a weight part's last row on the device, that the kernels' aligned loads may
-/// read (and never use).
-const PART_PADDING: usize = 16;
 
 pub(crate) fn device_error(what: &str, e: impl std::fmt::Display) -> ModelError {
     ModelError::Device(format!("{what}: {e}"))
@@ -56,6 +53,9 @@ struct Kernels {
 struct KvKernels {
     qkv_post: CudaFunction,
     attend: CudaFunction,
+    /// A prefill chunk's attention, each part's rows read once for many rows and heads
+    /// (`f16` caches, where the source has it).
+    attend_tile: Option<CudaFunction>,
 }
 
 /// A CUDA device with the backend's kernels loaded. Every launch and copy goes to one
@@ -73,6 +73,8 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     k: Kernels,
     host_ops: std::sync::Mutex<()>,
+    /// Pinned buffers for copies from pageable memory (made on first use).
+    staging: std::sync::Mutex<Option<Staging>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -147,15 +149,24 @@ impl CudaDevice {
             kv_f32: KvKernels {
                 qkv_post: f("qkv_post")?,
                 attend: f("attend")?,
+                attend_tile: None,
             },
             kv_f16: match module.load_function("attend_h") {
                 Ok(attend) => Some(KvKernels {
                     qkv_post: f("qkv_post_h")?,
                     attend,
+                    attend_tile: module.load_function("attend_tile_h").ok(),
                 }),
                 Err(_) => None,
             },
         };
+        if let Some(tile) = k.kv_f16.as_ref().and_then(|k| k.attend_tile.as_ref()) {
+            tile.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_limit,
+            )
+            .map_err(|e| device_error("attention tile shared memory", e))?;
+        }
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx
             .new_stream()
@@ -167,6 +178,7 @@ impl CudaDevice {
             stream,
             k,
             host_ops: std::sync::Mutex::new(()),
+            staging: std::sync::Mutex::new(None),
         }))
     }
 
@@ -254,6 +266,33 @@ impl CudaDevice {
         self.stream
             .memcpy_htod(host, &mut view)
             .map_err(|e| device_error("copy to the device", e))
+    }
+
+    /// Copies `host` into `dst` from byte `at` through pinned staging (`staging.rs`): in
+    /// stream order, asynchronously, `host` free for reuse on return.
+    pub(crate) fn write_staged(
+        &self,
+        host: &[u8],
+        dst: &mut CudaSlice<u8>,
+        at: usize,
+    ) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        if at + host.len() > dst.len() {
+            return Err(ModelError::Device(format!(
+                "a copy of {} bytes at {at} into {} bytes",
+                host.len(),
+                dst.len()
+            )));
+        }
+        let base = self.address(dst);
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if staging.is_none() {
+            *staging = Some(Staging::new(self.stream.context())?);
+        }
+        let staging = staging.as_mut().expect("just made");
+        staging.send(&self.stream, host, base + at as u64, &self.host_ops)
     }
 
     /// Copies elements `at..at + host.len()` of `src` into `host` (waits for the stream).
@@ -382,23 +421,31 @@ impl CudaDevice {
         // A lone row goes to `matvec1` (the same bits) where its x fits in shared memory.
         let decode_shared = w.cols / 32 * MATVEC1_XSTRIDE * 4;
         let decode = n == 1 && decode_shared <= self.k.shared_limit && !self.k.matvec1.is_empty();
+        let q8 = self
+            .k
+            .q8
+            .as_ref()
+            .filter(|_| w.activations == Activations::Q8);
+        // The tensor-core kernels read x rounded once for all the product's parts.
+        let rounded = match q8 {
+            Some(q8) if q8.takes_tiles(n) && w.cols.is_multiple_of(256) => {
+                Some(q8.round(self, &self.stream, x, n, w.cols)?)
+            }
+            _ => None,
+        };
         let mut y_off = 0i32;
         for part in &w.parts {
             let (row_bytes, rows_out) = (part.row_bytes as i64, part.rows);
             let ri = rows_out as i32;
             // With 8-bit activations, a part of a format the 8-bit kernels take goes to them
             // at every row count (so a row's result still does not depend on it).
-            let q8 = match (&self.k.q8, w.activations) {
-                (Some(q8), Activations::Q8) => {
-                    q8.launch(part.code, rows_out, w.cols, n, self.k.shared_limit)
-                }
-                _ => None,
-            };
+            let q8 =
+                q8.and_then(|q8| q8.launch(part.code, rows_out, w.cols, n, self.k.shared_limit));
             let code = part.code as usize;
             // The kernel, its launch, and whether it takes `matvec1`'s shorter arguments
             // (the 8-bit kernels take `matvec_F`'s).
             let (func, cfg, name, short) = match q8 {
-                Some((func, cfg)) => (func, cfg, "matvecq", false),
+                Some((func, cfg, _)) => (func, cfg, "matvecq", false),
                 None if decode => {
                     let LaunchShape { outs, warps, .. } = self.k.shape;
                     let cfg = LaunchConfig {
@@ -422,11 +469,12 @@ impl CudaDevice {
                 }
             };
             let mut b = self.stream.launch_builder(func);
-            b.arg(&part.blocks)
-                .arg(&row_bytes)
-                .arg(x)
-                .arg(&bias)
-                .arg(&mut *y);
+            b.arg(&part.blocks).arg(&row_bytes);
+            match (&rounded, q8) {
+                (Some(r), Some((_, _, true))) => b.arg(&r.address),
+                _ => b.arg(x),
+            };
+            b.arg(&bias).arg(&mut *y);
             if short {
                 b.arg(&inn).arg(&ri).arg(&y_off).arg(&acc);
             } else {
@@ -438,8 +486,9 @@ impl CudaDevice {
                     .arg(&acc);
             }
             // SAFETY: the part holds rows_out rows of row_bytes bytes of `cols` values (a
-            // multiple of 32, checked at upload) in its code's format; x holds n × cols, y
-            // n × w.rows; bias w.rows when present. A `matvec1` block's shared memory holds
+            // multiple of 32, checked at upload) in its code's format; x holds n × cols (for
+            // a tensor-core kernel, their rounding: `Q8Kernels::round`), y n × w.rows; bias
+            // w.rows when present. A `matvec1` block's shared memory holds
             // x's chunks at MATVEC1_XSTRIDE floats each, and an 8-bit block's is sized by
             // `Q8Kernels::launch`, both within the limit set at load.
             unsafe { b.launch(cfg) }
@@ -566,7 +615,17 @@ impl CudaDevice {
     ) -> Result<()> {
         let (qh, kvh, hd) = heads;
         let shared = self.attend_shared_bytes(hd)?;
-        let kernel = &self.kv_kernels(kv_dtype)?.attend;
+        let kernels = self.kv_kernels(kv_dtype)?;
+        let warps = self.k.shape.attend_warps;
+        // A prefill chunk's rows share each part's keys and values (`attend_tile_h`): the
+        // same bits as `attend`'s blocks, one copy of the keys for many rows and heads.
+        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + 2 * shared as usize;
+        let tile = kernels.attend_tile.as_ref().filter(|_| {
+            n >= ATTEND_TILE_FROM
+                && hd.is_multiple_of(8)
+                && qh.is_multiple_of(kvh)
+                && tile_shared <= self.k.shared_limit
+        });
         let count = max_len.div_ceil(ATTEND_KEYS);
         let (qhi, kvhi, hdi) = (qh as i32, kvh as i32, hd as i32);
         let (li, pi) = (layer as i32, count as i32);
@@ -574,6 +633,7 @@ impl CudaDevice {
         while r0 < n {
             let rows_now = (n - r0).min(ATTEND_ROWS);
             let r0i = r0 as i32;
+            let kernel = tile.unwrap_or(&kernels.attend);
             let mut b = self.stream.launch_builder(kernel);
             b.arg(q)
                 .arg(kv)
@@ -588,14 +648,31 @@ impl CudaDevice {
                 .arg(&scale)
                 .arg(&r0i)
                 .arg(&pi);
-            let cfg = LaunchConfig {
-                grid_dim: (rows_now as u32, qh as u32, count as u32),
-                block_dim: (32 * self.k.shape.attend_warps, 1, 1),
-                shared_mem_bytes: shared,
+            let rows_i = rows_now as i32;
+            let cfg = if tile.is_some() {
+                b.arg(&rows_i);
+                LaunchConfig {
+                    grid_dim: (
+                        rows_now.div_ceil(ATTEND_TILE_ROWS) as u32,
+                        kvh as u32,
+                        count as u32,
+                    ),
+                    block_dim: (64 * warps, 1, 1),
+                    shared_mem_bytes: tile_shared as u32,
+                }
+            } else {
+                LaunchConfig {
+                    grid_dim: (rows_now as u32, qh as u32, count as u32),
+                    block_dim: (32 * warps, 1, 1),
+                    shared_mem_bytes: shared,
+                }
             };
             // SAFETY: q and out hold n × qh × hd; the caches hold pos0 + n rows of kvh × hd
             // (at most max_len); `parts` was made for these heads and max_len
-            // ([`AttendParts::new`]), its counters all 0 between launches.
+            // ([`AttendParts::new`]), its counters all 0 between launches. A tile block's
+            // shared memory holds a part's K and V rows of one head (`f16`, hd a multiple
+            // of 8 for its 16-byte copies) and two groups' buffers, within the limit set at
+            // load; qh is a multiple of kvh.
             unsafe { b.launch(cfg) }
                 .map(drop)
                 .map_err(|e| device_error("attend", e))?;
@@ -663,132 +740,6 @@ impl AttendParts {
             values: dev.zeros(rows * qh * max_len.div_ceil(ATTEND_KEYS) * (hd + 2))?,
             done: dev.zeros(rows * qh)?,
         })
-    }
-}
-
-/// A weight matrix on the device: `[rows, cols]` as parts of consecutive rows (Q, K and V
-/// side by side may each have their own format), each in its file's own blocks, with the
-/// bias of all its rows.
-pub(crate) struct DeviceMatrix {
-    pub(crate) parts: Vec<DevicePart>,
-    /// What its products do with their activations ([`Activations::Q8`]: the parts of a
-    /// format the 8-bit kernels take round them, see `q8.rs`).
-    pub(crate) activations: Activations,
-    pub(crate) bias: Option<CudaSlice<f32>>,
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-}
-
-/// Rows of a [`DeviceMatrix`] in one format.
-pub(crate) struct DevicePart {
-    pub(crate) code: WeightCode,
-    pub(crate) blocks: CudaSlice<u8>,
-    pub(crate) rows: usize,
-    pub(crate) row_bytes: usize,
-}
-
-impl DeviceMatrix {
-    /// A dense `f32` matrix (row-major `[rows, cols]`).
-    pub(crate) fn upload(
-        dev: &CudaDevice,
-        w: &[f32],
-        bias: Option<&[f32]>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self> {
-        let part = FilePart {
-            rows,
-            cols,
-            data: FileData::Values(w.to_vec()),
-        };
-        Self::from_parts(dev, vec![part], bias)
-    }
-
-    /// The weight as the file stores it, part by part ([`Linear::file_parts`]), its
-    /// products taking `activations`.
-    pub(crate) fn from_linear(
-        dev: &CudaDevice,
-        l: &Linear,
-        activations: Activations,
-    ) -> Result<Self> {
-        let mut m = Self::from_parts(dev, l.file_parts()?, l.bias().as_deref())?;
-        m.activations = activations;
-        Ok(m)
-    }
-
-    pub(crate) fn from_parts(
-        dev: &CudaDevice,
-        parts: Vec<FilePart>,
-        bias: Option<&[f32]>,
-    ) -> Result<Self> {
-        let cols = parts.first().map_or(0, |p| p.cols);
-        let rows: usize = parts.iter().map(|p| p.rows).sum();
-        if cols == 0 || !cols.is_multiple_of(32) || parts.iter().any(|p| p.cols != cols) {
-            return Err(ModelError::Device(format!(
-                "a {rows} × {cols} weight: the CUDA backend needs one width, a multiple of 32"
-            )));
-        }
-        if bias.is_some_and(|b| b.len() != rows) {
-            return Err(ModelError::Device(format!(
-                "a {rows}-row weight given a bias of {} values",
-                bias.map_or(0, <[f32]>::len)
-            )));
-        }
-        // Consecutive parts of one format become one (Q, K and V of a file that keeps
-        // them alike: one launch, not three).
-        let mut merged: Vec<(WeightCode, Vec<u8>, usize)> = Vec::with_capacity(parts.len());
-        for p in parts {
-            let (code, bytes) = match p.data {
-                FileData::Blocks { format, bytes } => (WeightCode::of(format), bytes),
-                FileData::Values(v) => (
-                    WeightCode::F32,
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                ),
-            };
-            if p.rows == 0 || !bytes.len().is_multiple_of(p.rows) {
-                return Err(ModelError::Device(format!(
-                    "a {} × {cols} weight part of {} bytes",
-                    p.rows,
-                    bytes.len()
-                )));
-            }
-            match merged.last_mut() {
-                Some((c, b, r)) if *c == code => {
-                    b.extend_from_slice(&bytes);
-                    *r += p.rows;
-                }
-                _ => merged.push((code, bytes, p.rows)),
-            }
-        }
-        let mut out = Vec::with_capacity(merged.len());
-        for (code, mut bytes, rows) in merged {
-            let row_bytes = bytes.len() / rows;
-            // The kernels read 2-byte aligned blocks as aligned 32-bit words, so a block's
-            // last word may reach up to 3 bytes past it (`words_at` in the source).
-            bytes.extend_from_slice(&[0; PART_PADDING]);
-            out.push(DevicePart {
-                code,
-                row_bytes,
-                blocks: dev.upload(&bytes)?,
-                rows,
-            });
-        }
-        Ok(DeviceMatrix {
-            parts: out,
-            activations: Activations::F32,
-            bias: bias.map(|b| dev.upload(b)).transpose()?,
-            rows,
-            cols,
-        })
-    }
-
-    /// Bytes the weights take on the device.
-    pub(crate) fn bytes(&self) -> usize {
-        self.parts
-            .iter()
-            .map(|p| p.rows * p.row_bytes)
-            .sum::<usize>()
-            + self.bias.as_ref().map_or(0, |_| 4 * self.rows)
     }
 }
 

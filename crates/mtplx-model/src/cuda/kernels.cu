@@ -810,11 +810,17 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
 MATVEC_Q8(8)
 MATVEC_Q8(10)
 
-// The same products for a prefill chunk's many rows, on tensor cores: a block takes MMQ_ROWS
-// rows of x and MMQ_OUTS outputs, so a chunk reads the weights once per MMQ_ROWS rows
-// (matvecq_F: once per QROWS). The arithmetic is matvecq_F's. For each block of 256 inputs
-// in order the block rounds its rows of x with q8k_round_warp into shared memory, and the
-// integer sums of weight values times rounded x come from `mma` on 8-bit integers: each
+// The same products for a prefill chunk's many rows, on tensor cores. x is rounded first,
+// once for every part and output block (`q8_round_rows`, by q8k_round_warp: the rounding
+// matvecq_F does in its blocks), into a buffer of three arrays for n rows of `in` inputs
+// (nb = in / 256 blocks a row): the n · in rounded bytes (row r from r · in), then the
+// n · in / 16 sums of each 16 consecutive values, then the n · nb block scales.
+//
+// A block of `mmq_F` takes MMQ_ROWS rows of x and MMQ_OUTS outputs, so a chunk reads the
+// weights once per MMQ_ROWS rows (matvecq_F: once per QROWS). For each block of 256 inputs
+// in order its threads copy the rounded rows and the weight blocks into shared memory
+// (`cp.async`, the next block's copy in flight while this one is computed), and the integer
+// sums of weight values times rounded x come from `mma` on 8-bit integers: each
 // sub-block's (Q4_K: 32 values; Q6_K: 16) exact sum, then the sub-block scales applied in
 // integers. Integer sums are exact in any order, so t and m are matvecq_F's integers, and
 // each output's float chain (Q4_K: acc = fma(float(t), d · dx, acc), then acc =
@@ -825,13 +831,49 @@ MATVEC_Q8(10)
 // its outputs: eight tiles of 16 rows × 8 outputs, in the `mma` fragment layouts (lane l:
 // g = l / 4, c = l % 4; A holds row g and g + 8, inputs 4c .. 4c + 3 and 16 + 4c ..; B
 // output g, inputs 4c .. 4c + 3 (and 16 + 4c .. at k = 32); C rows g and g + 8, outputs
-// 2c and 2c + 1). Needs sm_80 (the launch checks the kernel loaded).
+// 2c and 2c + 1). Needs sm_80 (the launch checks the kernels loaded).
 #define MMQ_ROWS 64
 #define MMQ_OUTS 128
 #define MMQ_WARPS 8
 // A rounded row of one block of 256 in shared memory, padded so that the eight rows a
 // fragment load reads start in different banks.
 #define MMQ_XSTRIDE 272
+// A staged weight block: Q4_K's 144 bytes (16-byte aligned in the file's rows); Q6_K's 210
+// bytes are 2-byte aligned, so the 14 aligned 16-byte pieces around them are copied, 240
+// bytes apart (so that eight outputs' words fall in different banks).
+#define MMQ_W4K 144
+#define MMQ_W6K 240
+// The bytes of one stage (a block of 256 inputs): rounded x, its sums, its scales, weights.
+#define MMQ_SX (MMQ_ROWS * MMQ_XSTRIDE)
+#define MMQ_SS (MMQ_ROWS * 16 * 4)
+#define MMQ_SD (MMQ_ROWS * 4)
+#define MMQ_STAGE(WB) (MMQ_SX + MMQ_SS + MMQ_SD + MMQ_OUTS * (WB))
+// Q4_K's sub-block scales and mins decoded once a stage: 16 bytes an output (8 scales, 8
+// mins), then its d and dmin.
+#define MMQ_SCALES (MMQ_OUTS * 16 + MMQ_OUTS * 8)
+
+// Rounds rows of x (n rows of `in` values, a multiple of 256) into `out` (the layout
+// above): one warp a block of 256 values.
+extern "C" __global__ void q8_round_rows(const float* __restrict__ x, int n, int in,
+                                         signed char* __restrict__ out) {
+    int nb = in >> 8, lane = threadIdx.x & 31;
+    int t = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    // The same for every lane of a warp: a warp rounds together or returns together.
+    if (t >= n * nb) return;
+    int r = t / nb, b = t - r * nb;
+    const float4* xs = reinterpret_cast<const float4*>(x + (long long)r * in + 256 * b + 8 * lane);
+    float4 p = xs[0], q = xs[1];
+    float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+    unsigned w[2];
+    int s;
+    float d;
+    q8k_round_warp(v, w, &s, &d);
+    int* sums = reinterpret_cast<int*>(out + (long long)n * in);
+    float* scales = reinterpret_cast<float*>(sums + (long long)n * (in >> 4));
+    *reinterpret_cast<uint2*>(out + (long long)r * in + 256 * b + 8 * lane) = make_uint2(w[0], w[1]);
+    if ((lane & 1) == 0) sums[(long long)r * (in >> 4) + 16 * b + (lane >> 1)] = s;
+    if (lane == 0) scales[(long long)r * nb + b] = d;
+}
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void mma_k32(const unsigned* a, unsigned b0, unsigned b1, int* c) {
@@ -851,140 +893,220 @@ __device__ __forceinline__ void mma_k16(unsigned a0, unsigned a1, unsigned b, in
         : "r"(a0), "r"(a1), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
 }
 
+// Asynchronous copies into shared memory (sm_80): BYTES (4 or 16, both addresses aligned
+// to it) from global memory, waited for by stage.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src));
+}
+__device__ __forceinline__ void copy4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(dst)), "l"(src));
+}
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void copies_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// Starts the copies of block b's stage: rows r0 .. of the rounded x (q, sums, scales, as
+// q8_round_rows lays them out) and outputs o0 .. of W. Rows past n and outputs past
+// `rows` are not copied (what their slots hold is computed and never stored).
+template <int FMT>
+__device__ __forceinline__ void mmq_stage(u8* st, const u8* __restrict__ W, long long row_bytes,
+                                          const signed char* __restrict__ xq, int n, int in,
+                                          int rows, int r0, int o0, int b) {
+    const int WB = FMT == FMT_Q4K ? MMQ_W4K : MMQ_W6K;
+    int nb = in >> 8, tid = threadIdx.x;
+    u8* sx = st;
+    u8* ss = st + MMQ_SX;
+    u8* sd = ss + MMQ_SS;
+    u8* sw = sd + MMQ_SD;
+    const int* sums = reinterpret_cast<const int*>(xq + (long long)n * in);
+    const float* scales = reinterpret_cast<const float*>(sums + (long long)n * (in >> 4));
+    // x: 16 pieces of 16 bytes a row.
+    for (int t = tid; t < MMQ_ROWS * 16; t += 32 * MMQ_WARPS) {
+        int rr = t >> 4, p = t & 15;
+        if (r0 + rr < n) copy16(sx + rr * MMQ_XSTRIDE + 16 * p, xq + (long long)(r0 + rr) * in + 256 * b + 16 * p);
+    }
+    // Its sums: 4 pieces a row; its scales: one word a row.
+    for (int t = tid; t < MMQ_ROWS * 4; t += 32 * MMQ_WARPS) {
+        int rr = t >> 2, p = t & 3;
+        if (r0 + rr < n) copy16(ss + 64 * rr + 16 * p, sums + (long long)(r0 + rr) * (in >> 4) + 16 * b + 4 * p);
+    }
+    if (tid < MMQ_ROWS && r0 + tid < n) copy4(sd + 4 * tid, scales + (long long)(r0 + tid) * nb + b);
+    // The weights: Q4_K's 9 pieces an output; Q6_K's 14 from the block's aligned start.
+    const int P = FMT == FMT_Q4K ? 9 : 14;
+    for (int t = tid; t < MMQ_OUTS * P; t += 32 * MMQ_WARPS) {
+        int o = t / P, p = t - o * P;
+        if (o0 + o < rows) {
+            unsigned long long at = reinterpret_cast<unsigned long long>(W + (long long)(o0 + o) * row_bytes +
+                                                                          (FMT == FMT_Q4K ? 144 : 210) * b);
+            copy16(sw + o * WB + 16 * p, reinterpret_cast<const u8*>((at & ~15ull) + 16 * p));
+        }
+    }
+}
+
 template <int FMT>
 __device__ __forceinline__ void mmq_body(const u8* __restrict__ W, long long row_bytes,
-                                         const float* __restrict__ x,
+                                         const signed char* __restrict__ xq,
                                          const float* __restrict__ bias, float* y, int n, int in,
                                          int rows, int y_stride, int y_off, int accumulate) {
-    __shared__ __align__(16) signed char sx[MMQ_ROWS * MMQ_XSTRIDE];
-    __shared__ int ss[MMQ_ROWS * 16];
-    __shared__ float sd[MMQ_ROWS];
+    const int WB = FMT == FMT_Q4K ? MMQ_W4K : MMQ_W6K;
+    const int STAGE = MMQ_STAGE(WB);
+    extern __shared__ int4 mmq_shared[];
+    u8* sh = reinterpret_cast<u8*>(mmq_shared);
+    // Q4_K's decoded scales, after the two stages.
+    u8* ssc = sh + 2 * STAGE;
+    float2* sdm = reinterpret_cast<float2*>(ssc + MMQ_OUTS * 16);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, c = lane & 3;
     int r0 = blockIdx.y * MMQ_ROWS, wr = 16 * (warp & 3);
-    int o0 = blockIdx.x * MMQ_OUTS + 64 * (warp >> 2);
+    int o0 = blockIdx.x * MMQ_OUTS, ow = 64 * (warp >> 2);
     int nb = in >> 8;
     float acc[8][4];
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+    mmq_stage<FMT>(sh, W, row_bytes, xq, n, in, rows, r0, o0, 0);
+    copies_commit();
     for (int b = 0; b < nb; b++) {
-        __syncthreads();
-        for (int rr = warp; rr < MMQ_ROWS; rr += MMQ_WARPS) {
-            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            if (r0 + rr < n) {
-                const float4* xs =
-                    reinterpret_cast<const float4*>(x + (long long)(r0 + rr) * in + 256 * b + 8 * lane);
-                float4 p = xs[0], q = xs[1];
-                v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w;
-                v[4] = q.x; v[5] = q.y; v[6] = q.z; v[7] = q.w;
-            }
-            unsigned w[2];
-            int s;
-            float d;
-            q8k_round_warp(v, w, &s, &d);
-            *reinterpret_cast<uint2*>(sx + rr * MMQ_XSTRIDE + 8 * lane) = make_uint2(w[0], w[1]);
-            if ((lane & 1) == 0) ss[rr * 16 + (lane >> 1)] = s;
-            if (lane == 0) sd[rr] = d;
+        u8* st = sh + (b & 1) * STAGE;
+        if (b + 1 < nb) {
+            // The other stage was last read in block b - 1, before its closing barrier.
+            mmq_stage<FMT>(sh + ((b + 1) & 1) * STAGE, W, row_bytes, xq, n, in, rows, r0, o0, b + 1);
+            copies_commit();
+            copies_wait<1>();
+        } else {
+            copies_wait<0>();
         }
         __syncthreads();
+        const u8* sx = st;
+        const int* ss = reinterpret_cast<const int*>(st + MMQ_SX);
+        const float* sd = reinterpret_cast<const float*>(st + MMQ_SX + MMQ_SS);
+        const u8* sw = st + MMQ_SX + MMQ_SS + MMQ_SD;
+        if (FMT == FMT_Q4K) {
+            // Each output's eight scales and mins, two threads an output, four sub-blocks each.
+            int o = threadIdx.x >> 1, half = threadIdx.x & 1;
+            const unsigned* hdr = reinterpret_cast<const unsigned*>(sw + o * MMQ_W4K);
+            unsigned scw[3] = {hdr[1], hdr[2], hdr[3]};
+            unsigned sw4 = 0, mw4 = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int scv, mv;
+                scale_min_k4w(4 * half + k, scw, &scv, &mv);
+                sw4 |= (unsigned)scv << (8 * k);
+                mw4 |= (unsigned)mv << (8 * k);
+            }
+            unsigned* out = reinterpret_cast<unsigned*>(ssc + 16 * o);
+            out[half] = sw4;
+            out[2 + half] = mw4;
+            if (half == 0) {
+                float d, dm;
+                half_pair(hdr[0], &d, &dm);
+                sdm[o] = make_float2(d, dm);
+            }
+            __syncthreads();
+        }
         // This lane's A words: rows wr + g and wr + g + 8, inputs 16 k + 4 c .. + 3 for each
         // 16 inputs k of the block.
         unsigned xa[16], xb[16];
-        const signed char* ra = sx + (wr + g) * MMQ_XSTRIDE + 4 * c;
-        const signed char* rb = ra + 8 * MMQ_XSTRIDE;
+        const u8* ra = sx + (wr + g) * MMQ_XSTRIDE + 4 * c;
+        const u8* rb = ra + 8 * MMQ_XSTRIDE;
 #pragma unroll
         for (int k = 0; k < 16; k++) {
             xa[k] = *reinterpret_cast<const unsigned*>(ra + 16 * k);
             xb[k] = *reinterpret_cast<const unsigned*>(rb + 16 * k);
         }
-        // The scales of x for this lane's two rows.
+        // The scales of x for this lane's two rows, and their sums of each 16 values.
         float dxa = sd[wr + g], dxb = sd[wr + g + 8];
         const int* sa = ss + (wr + g) * 16;
         const int* sb = sa + 8 * 16;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            // B: output ob's values; C: outputs oc and oc + 1.
-            int ob = o0 + 8 * j + g, oc = o0 + 8 * j + 2 * c;
+            // B: output ob's values; C: outputs oc and oc + 1 (of the block's).
+            int ob = ow + 8 * j + g, oc = ow + 8 * j + 2 * c;
             int t[4] = {0, 0, 0, 0}, m[4] = {0, 0, 0, 0};
-            float dw[2] = {0.0f, 0.0f}, mw[2] = {0.0f, 0.0f};
+            float dw[2], mw[2];
             if (FMT == FMT_Q4K) {
+                const u8* blk = sw + ob * MMQ_W4K + 16 + 4 * c;
                 unsigned qw[8];
 #pragma unroll
-                for (int i = 0; i < 8; i++) qw[i] = 0u;
-                if (ob < rows) {
-                    const u8* blk = W + (long long)ob * row_bytes + 144 * b + 16 + 4 * c;
-#pragma unroll
-                    for (int h = 0; h < 4; h++) {
-                        qw[2 * h] = *reinterpret_cast<const unsigned*>(blk + 32 * h);
-                        qw[2 * h + 1] = *reinterpret_cast<const unsigned*>(blk + 32 * h + 16);
-                    }
+                for (int h = 0; h < 4; h++) {
+                    qw[2 * h] = *reinterpret_cast<const unsigned*>(blk + 32 * h);
+                    qw[2 * h + 1] = *reinterpret_cast<const unsigned*>(blk + 32 * h + 16);
                 }
-                int sc[2][8], mn[2][8];
+                uint4 sm[2];
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) sc[e][k] = mn[e][k] = 0;
-                    if (oc + e < rows) {
-                        uint4 hdr = *reinterpret_cast<const uint4*>(W + (long long)(oc + e) * row_bytes + 144 * b);
-                        half_pair(hdr.x, &dw[e], &mw[e]);
-                        unsigned scw[3] = {hdr.y, hdr.z, hdr.w};
-#pragma unroll
-                        for (int k = 0; k < 8; k++) scale_min_k4w(k, scw, &sc[e][k], &mn[e][k]);
-                    }
+                    sm[e] = *reinterpret_cast<const uint4*>(ssc + 16 * (oc + e));
+                    float2 v = sdm[oc + e];
+                    dw[e] = v.x;
+                    mw[e] = v.y;
                 }
                 // Sub-block k (32 values): chunk k / 2's bytes, low nibbles then high.
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    int sh = 4 * (k & 1);
-                    unsigned b0 = (qw[2 * (k >> 1)] >> sh) & 0x0F0F0F0Fu;
-                    unsigned b1 = (qw[2 * (k >> 1) + 1] >> sh) & 0x0F0F0F0Fu;
+                    int sh4 = 4 * (k & 1);
+                    unsigned b0 = (qw[2 * (k >> 1)] >> sh4) & 0x0F0F0F0Fu;
+                    unsigned b1 = (qw[2 * (k >> 1) + 1] >> sh4) & 0x0F0F0F0Fu;
                     unsigned a[4] = {xa[2 * k], xb[2 * k], xa[2 * k + 1], xb[2 * k + 1]};
                     int dot[4];
                     mma_k32(a, b0, b1, dot);
                     int xs_a = sa[2 * k] + sa[2 * k + 1], xs_b = sb[2 * k] + sb[2 * k + 1];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        t[i] += sc[i & 1][k] * dot[i];
-                        m[i] += mn[i & 1][k] * (i < 2 ? xs_a : xs_b);
-                    }
+                    int sc0 = (int)(((k < 4 ? sm[0].x : sm[0].y) >> (8 * (k & 3))) & 0xFFu);
+                    int sc1 = (int)(((k < 4 ? sm[1].x : sm[1].y) >> (8 * (k & 3))) & 0xFFu);
+                    int mn0 = (int)(((k < 4 ? sm[0].z : sm[0].w) >> (8 * (k & 3))) & 0xFFu);
+                    int mn1 = (int)(((k < 4 ? sm[1].z : sm[1].w) >> (8 * (k & 3))) & 0xFFu);
+                    t[0] += sc0 * dot[0];
+                    t[1] += sc1 * dot[1];
+                    t[2] += sc0 * dot[2];
+                    t[3] += sc1 * dot[3];
+                    m[0] += mn0 * xs_a;
+                    m[1] += mn1 * xs_a;
+                    m[2] += mn0 * xs_b;
+                    m[3] += mn1 * xs_b;
                 }
             } else {
-                // Q6_K: 210 bytes a block (2-byte aligned): ql[128], qh[64], scales[16], d.
-                int sc[2][16];
+                // Q6_K: ql[128], qh[64], scales[16] (i8), d, from the block's start `off`
+                // bytes into its staged pieces (even: a 2-byte aligned block).
+                // The two outputs' sixteen scales, as words (bytes taken out where used).
+                unsigned scw[2][4];
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-#pragma unroll
-                    for (int k = 0; k < 16; k++) sc[e][k] = 0;
-                    if (oc + e < rows) {
-                        const u8* blk = W + (long long)(oc + e) * row_bytes + 210 * b;
-                        unsigned scw[4];
-                        words_at<4>(blk + 192, scw);
-                        dw[e] = half_bits(u16_at(blk + 208));
-#pragma unroll
-                        for (int k = 0; k < 16; k++) sc[e][k] = (int)(signed char)byte_of(scw, k);
-                    }
+                    int off = (int)(((unsigned long long)(W + (long long)(o0 + oc + e) * row_bytes) + 210ull * b) & 15ull);
+                    const u8* blk = sw + (oc + e) * MMQ_W6K + off;
+                    words_at<4>(blk + 192, scw[e]);
+                    dw[e] = half_bits(u16_at(blk + 208));
                 }
-                const u8* blk = W + (long long)ob * row_bytes + 210 * b;
-                // Group k (16 values, scale k): half k / 8, quarter (k % 8) / 2, words
-                // 4 (k % 2) + c of the quarter's 32 values.
+                int off = (int)(((unsigned long long)(W + (long long)(o0 + ob) * row_bytes) + 210ull * b) & 15ull);
+                const u8* blk = sw + ob * MMQ_W6K + off + 4 * c;
+                // Group k (16 values, scale k): half h = k / 8, quarter q = (k % 8) / 2:
+                // ql word 4 h + 2 (q % 2) + k % 2 and qh word 2 h + k % 2 of this lane's.
+                unsigned ql[8], qh[4];
+#pragma unroll
+                for (int i = 0; i < 8; i++) words_at<1>(blk + 16 * i, ql + i);
+#pragma unroll
+                for (int i = 0; i < 4; i++) words_at<1>(blk + 128 + 16 * i, qh + i);
 #pragma unroll
                 for (int k = 0; k < 16; k++) {
-                    int h = k >> 3, q = (k & 7) >> 1, wi = 4 * (k & 1) + c;
-                    unsigned v = 0u;
-                    if (ob < rows) {
-                        unsigned ql[1], qh[1];
-                        words_at<1>(blk + 64 * h + 32 * (q & 1) + 4 * wi, ql);
-                        words_at<1>(blk + 128 + 32 * h + 4 * wi, qh);
-                        v = ((ql[0] >> (4 * (q >> 1))) & 0x0F0F0F0Fu) |
-                            (((qh[0] >> (2 * q)) & 0x03030303u) << 4);
-                    }
+                    int h = k >> 3, q = (k & 7) >> 1;
+                    unsigned v = ((ql[4 * h + 2 * (q & 1) + (k & 1)] >> (4 * (q >> 1))) & 0x0F0F0F0Fu) |
+                                 (((qh[2 * h + (k & 1)] >> (2 * q)) & 0x03030303u) << 4);
                     int dot[4];
                     mma_k16(xa[k], xb[k], v, dot);
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        t[i] += sc[i & 1][k] * (dot[i] - 32 * (i < 2 ? sa[k] : sb[k]));
+                    int sc0 = (int)(signed char)byte_of(scw[0], k);
+                    int sc1 = (int)(signed char)byte_of(scw[1], k);
+                    int za = 32 * sa[k], zb = 32 * sb[k];
+                    t[0] += sc0 * (dot[0] - za);
+                    t[1] += sc1 * (dot[1] - za);
+                    t[2] += sc0 * (dot[2] - zb);
+                    t[3] += sc1 * (dot[3] - zb);
                 }
             }
 #pragma unroll
@@ -995,12 +1117,14 @@ __device__ __forceinline__ void mmq_body(const u8* __restrict__ W, long long row
                     acc[j][i] = __fmaf_rn(__int2float_rn(m[i]), __fmul_rn(mw[i & 1], -dx), acc[j][i]);
             }
         }
+        // Every warp is done with this stage (and the decoded scales) before they are refilled.
+        __syncthreads();
     }
 #pragma unroll
     for (int j = 0; j < 8; j++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int r = r0 + wr + g + 8 * (i >> 1), o = o0 + 8 * j + 2 * c + (i & 1);
+            int r = r0 + wr + g + 8 * (i >> 1), o = o0 + ow + 8 * j + 2 * c + (i & 1);
             if (r < n && o < rows) {
                 float t = acc[j][i];
                 if (bias) t = t + bias[y_off + o];
@@ -1011,14 +1135,18 @@ __device__ __forceinline__ void mmq_body(const u8* __restrict__ W, long long row
     }
 }
 
-#define MMQ(F)                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS) mmq_##F(                  \
-        const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
-        int in, int rows, int y_stride, int y_off, int accumulate) {                         \
+// x here is q8_round_rows' output for these n rows. Dynamic shared memory: two stages
+// (MMQ_STAGE of the format's staged block) and, Q4_K, MMQ_SCALES. Q4_K's kernel fits in
+// 128 registers (two blocks a multiprocessor, a few bytes spilled); Q6_K's spills hundreds
+// of bytes there, so it keeps one block of all the registers it needs.
+#define MMQ(F, BLOCKS)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS, BLOCKS) mmq_##F(          \
+        const u8* W, long long row_bytes, const signed char* x, const float* bias, float* y, \
+        int n, int in, int rows, int y_stride, int y_off, int accumulate) {                  \
         mmq_body<F>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off, accumulate);     \
     }
-MMQ(8)
-MMQ(10)
+MMQ(8, 2)
+MMQ(10, 1)
 #endif
 
 // ---- K/V rows as the cache stores them ----
@@ -1276,6 +1404,188 @@ __device__ __forceinline__ void attend_part(const float* q, const unsigned long 
         out[((long long)r * qh + h) * hd + d] = t / ll;
     }
     if (threadIdx.x == 0) *counter = 0;
+}
+
+// A prefill chunk's attention: the same arithmetic as attend_part for each (row, head), with
+// each part's keys and values read from DRAM once for many rows and heads. A block takes
+// part blockIdx.z of KV head blockIdx.y for ATILE_ROWS consecutive rows of the launch
+// (blockIdx.x) and the query heads that share that KV head: it copies the part's rows of K
+// and V (f16, as the cache stores them) into shared memory, then two groups of
+// ATTEND_WARPS warps take the (row, head) pairs in turn, each running attend_part's code
+// over the copies: the same scores, reductions (a group's barrier where attend_part's
+// block has its own), sums and merge, so a row's output is the same bits whichever
+// kernel computed it. Dynamic shared memory: 2 · KEYS · hd halves, then per group
+// 32 + hd + ATTEND_WARPS · hd + KEYS floats.
+#define ATILE_ROWS 16
+
+// A group's barrier: named barrier 1 + group over its 32 · ATTEND_WARPS threads.
+__device__ __forceinline__ void group_sync(int group) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(32 * ATTEND_WARPS));
+}
+
+__device__ float group_sum(float v, float* red, int group) {
+    int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % ATTEND_WARPS;
+    v = warp_sum(v);
+    group_sync(group);
+    if (lane == 0) red[warp] = v;
+    group_sync(group);
+    return warp_sum(lane < ATTEND_WARPS ? red[lane] : 0.0f);
+}
+
+__device__ float group_max(float v, float* red, int group) {
+    int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % ATTEND_WARPS;
+    v = warp_max(v);
+    group_sync(group);
+    if (lane == 0) red[warp] = v;
+    group_sync(group);
+    return warp_max(lane < ATTEND_WARPS ? red[lane] : NEG_INF);
+}
+
+extern "C" __global__ void __launch_bounds__(64 * ATTEND_WARPS) attend_tile_h(
+    const float* q, const unsigned long long* kv, int layer, float* part, int* done, float* out,
+    int qh, int kvh, int hd, const unsigned* meta, float scale, int r0, int parts, int nrows) {
+    typedef unsigned short KV;
+    extern __shared__ int4 tile_sh[];
+    __shared__ int last[2];
+    const KV* kc = (const KV*)kv[2 * layer];
+    const KV* vc = (const KV*)kv[2 * layer + 1];
+    const int warps = ATTEND_WARPS, gthreads = 32 * ATTEND_WARPS;
+    int g = blockIdx.y, ps = blockIdx.z, kvd = kvh * hd;
+    int i0 = blockIdx.x * ATILE_ROWS, i1 = min(nrows, i0 + ATILE_ROWS);
+    int j0 = ps * KEYS;
+    // The tile's last row sees the most keys; a part past it is empty for every row.
+    int len_max = (int)meta[0] + r0 + i1;
+    if (j0 >= len_max) return;
+    int cnt_t = min(KEYS, len_max - j0);
+    KV* sk = reinterpret_cast<KV*>(tile_sh);
+    KV* sv = sk + KEYS * hd;
+    int per = hd / 8;  // 16-byte pieces a row
+    for (int t = threadIdx.x; t < cnt_t * per; t += blockDim.x) {
+        int j = t / per, p = t - j * per;
+        const uint4* ks = reinterpret_cast<const uint4*>(kc + (long long)(j0 + j) * kvd + g * hd);
+        const uint4* vs = reinterpret_cast<const uint4*>(vc + (long long)(j0 + j) * kvd + g * hd);
+        reinterpret_cast<uint4*>(sk + j * hd)[p] = ks[p];
+        reinterpret_cast<uint4*>(sv + j * hd)[p] = vs[p];
+    }
+    __syncthreads();
+    int group = threadIdx.x / gthreads, gt = threadIdx.x % gthreads;
+    int lane = gt & 31, warp = gt >> 5;
+    float* red = reinterpret_cast<float*>(sv + KEYS * hd) + group * (32 + hd + warps * hd + KEYS);
+    float* qs = red + 32;
+    float* acc = qs + hd;
+    float* sc = acc + warps * hd;
+    int G = qh / kvh, hd4 = hd >> 2;
+    for (int pp = group; pp < ATILE_ROWS * G; pp += 2) {
+        int i = i0 + pp / G, h = g * G + pp % G;
+        int r = r0 + i, len = (int)meta[0] + r + 1;
+        // The same for the whole group: it skips a pair together.
+        if (i >= i1 || j0 >= len) continue;
+        int np = (len + KEYS - 1) / KEYS, cnt = min(KEYS, len - j0);
+        // The group's previous pair is done with qs, acc and sc.
+        group_sync(group);
+        const float* qrow = q + ((long long)r * qh + h) * hd;
+        for (int d = gt; d < hd; d += gthreads) qs[d] = qrow[d];
+        group_sync(group);
+        float m = NEG_INF;
+        const float4* q4 = reinterpret_cast<const float4*>(qs);
+        for (int j = warp; j < cnt; j += ATTEND_INFLIGHT * warps) {
+            float t[ATTEND_INFLIGHT];
+#pragma unroll
+            for (int u = 0; u < ATTEND_INFLIGHT; u++) t[u] = 0.0f;
+            for (int d = lane; d < hd4; d += 32) {
+                float4 a = q4[d];
+#pragma unroll
+                for (int u = 0; u < ATTEND_INFLIGHT; u++) {
+                    int jj = j + u * warps;
+                    if (jj < cnt) {
+                        float4 b = kv_get4(sk + jj * hd + 4 * d);
+                        float v = t[u];
+                        v = __fmaf_rn(a.x, b.x, v);
+                        v = __fmaf_rn(a.y, b.y, v);
+                        v = __fmaf_rn(a.z, b.z, v);
+                        v = __fmaf_rn(a.w, b.w, v);
+                        t[u] = v;
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < ATTEND_INFLIGHT; u++) {
+                int jj = j + u * warps;
+                float v = warp_sum(t[u]) * scale;
+                if (jj < cnt) {
+                    if (lane == 0) sc[jj] = v;
+                    m = fmaxf(m, v);
+                }
+            }
+        }
+        m = group_max(m, red, group);
+        float l = 0.0f;
+        for (int j = gt; j < cnt; j += gthreads) {
+            float e = expf(sc[j] - m);
+            sc[j] = e;
+            l += e;
+        }
+        l = group_sum(l, red, group);
+        int chunk = (cnt + warps - 1) / warps;
+        int a0 = warp * chunk, a1 = min(cnt, a0 + chunk);
+        for (int d = lane; d < hd4; d += 32) {
+            float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const KV* v = sv + 4 * d;
+#pragma unroll 8
+            for (int j = a0; j < a1; j++) {
+                float4 b = kv_get4(v + j * hd);
+                float e = sc[j];
+                t.x = __fmaf_rn(e, b.x, t.x);
+                t.y = __fmaf_rn(e, b.y, t.y);
+                t.z = __fmaf_rn(e, b.z, t.z);
+                t.w = __fmaf_rn(e, b.w, t.w);
+            }
+            reinterpret_cast<float4*>(acc + warp * hd)[d] = t;
+        }
+        group_sync(group);
+        if (np == 1) {
+            for (int d = gt; d < hd; d += gthreads) {
+                float t = 0.0f;
+                for (int w = 0; w < warps; w++) t += acc[w * hd + d];
+                out[((long long)r * qh + h) * hd + d] = t / l;
+            }
+            continue;
+        }
+        float* base = part + ((long long)i * qh + h) * parts * (hd + 2);
+        float* o = base + ps * (hd + 2);
+        for (int d = gt; d < hd; d += gthreads) {
+            float t = 0.0f;
+            for (int w = 0; w < warps; w++) t += acc[w * hd + d];
+            o[d] = t;
+        }
+        if (gt == 0) {
+            o[hd] = m;
+            o[hd + 1] = l;
+        }
+        __threadfence();
+        group_sync(group);
+        int* counter = done + i * qh + h;
+        if (gt == 0) last[group] = atomicAdd(counter, 1) == np - 1;
+        group_sync(group);
+        if (!last[group]) continue;
+        __threadfence();
+        float mm = NEG_INF;
+        for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
+        float ll = 0.0f;
+        for (int s = 0; s < np; s++) {
+            const float* p = base + s * (hd + 2);
+            ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
+        }
+        for (int d = gt; d < hd; d += gthreads) {
+            float t = 0.0f;
+            for (int s = 0; s < np; s++) {
+                const float* p = base + s * (hd + 2);
+                t += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
+            }
+            out[((long long)r * qh + h) * hd + d] = t / ll;
+        }
+        if (gt == 0) *counter = 0;
+    }
 }
 
 #define ATTEND_ARGS                                                                        \

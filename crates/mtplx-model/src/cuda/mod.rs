@@ -17,11 +17,13 @@
 
 mod cache;
 mod device;
+mod matrix;
 mod model;
 mod mtp;
 mod pass;
 mod q8;
 mod source;
+mod staging;
 #[cfg(test)]
 mod tests;
 

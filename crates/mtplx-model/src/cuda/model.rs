@@ -7,7 +7,8 @@ use cudarc::driver::CudaSlice;
 use mtplx_kv::{CacheFactory, DeviceCaches, KvView, Sequence, StateShape};
 
 use super::cache::{CudaCaches, CudaKvCache};
-use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
+use super::device::{CudaDevice, DeviceRope};
+use super::matrix::DeviceMatrix;
 use super::pass::{fit, launch_layer, run_pass, Layer, Scratch};
 
 use crate::config::Dims;

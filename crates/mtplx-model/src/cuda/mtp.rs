@@ -7,7 +7,8 @@ use cudarc::driver::CudaSlice;
 use mtplx_kv::{KvCache, KvShape, KvView};
 
 use super::cache::CudaKvCache;
-use super::device::{CudaDevice, DeviceMatrix, DeviceRope};
+use super::device::{CudaDevice, DeviceRope};
+use super::matrix::DeviceMatrix;
 use super::model::CudaModel;
 use super::pass::{fit, launch_layer, run_pass, Layer, Scratch};
 use crate::config::{ModelConfig, RopeStyle};

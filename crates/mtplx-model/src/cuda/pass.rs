@@ -8,7 +8,8 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use mtplx_kv::{KvDtype, KvView};
 
 use super::cache::CudaKvCache;
-use super::device::{AttendParts, CudaDevice, DeviceMatrix, DeviceRope};
+use super::device::{AttendParts, CudaDevice, DeviceRope};
+use super::matrix::DeviceMatrix;
 
 use crate::config::ModelConfig;
 use crate::error::Result;

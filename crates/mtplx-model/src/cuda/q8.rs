@@ -10,8 +10,11 @@
 //! Q6_K, but batch-invariant for every format, as each part takes one path whatever the
 //! row count.
 
-use cudarc::driver::{CudaFunction, LaunchConfig};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::device::{device_error, CudaDevice};
 use super::source::WeightCode;
 use crate::error::Result;
 
@@ -31,6 +34,16 @@ pub(super) const MMQ_ROWS: usize = 64;
 pub(super) const MMQ_OUTS: u32 = 128;
 /// Warps a tensor-core block (`MMQ_WARPS`: its launch bounds).
 pub(super) const MMQ_WARPS: u32 = 8;
+/// Bytes between two rows of rounded x in a tensor-core block's stage (`MMQ_XSTRIDE`).
+pub(super) const MMQ_XSTRIDE: usize = 272;
+/// Bytes a tensor-core block's stage keeps of a Q4_K and of a Q6_K weight block
+/// (`MMQ_W4K`, `MMQ_W6K`: Q6_K's 2-byte aligned 210 bytes in the 16-byte pieces around them).
+pub(super) const MMQ_WEIGHT_BYTES: [usize; 2] = [144, 240];
+/// Bytes of a tensor-core block's stage (`MMQ_STAGE`) before its weights: its rows of
+/// rounded x, their sums of each 16 values, their scales.
+const MMQ_STAGE_X: usize = MMQ_ROWS * MMQ_XSTRIDE + MMQ_ROWS * 16 * 4 + MMQ_ROWS * 4;
+/// Q4_K's decoded sub-block scales and mins a block keeps (`MMQ_SCALES`).
+const MMQ_SCALES: usize = MMQ_OUTS as usize * (16 + 8);
 /// From this many rows of x a product goes to the tensor-core kernel (the same bits as
 /// `matvecq_F`, so the choice is speed only): a verify block of a few drafted tokens stays
 /// on `matvecq_F`, a prefill chunk reads its weights a sixteenth as often.
@@ -42,7 +55,24 @@ pub(super) const MMQ_FROM_ROWS: usize = 16;
 pub(super) struct Q8Kernels {
     rows: [CudaFunction; 2],
     one: [CudaFunction; 2],
-    tiles: Option<[CudaFunction; 2]>,
+    tiles: Option<Tiles>,
+}
+
+/// The tensor-core products: their kernels, the one that rounds their x first, and the
+/// buffer it rounds into (grown to the largest product seen; the launches of one product
+/// hold it, and a product's launches all go to the device's one stream, so the next
+/// rounding waits for the last product to have read it).
+struct Tiles {
+    kernels: [CudaFunction; 2],
+    round: CudaFunction,
+    rounded: Mutex<Option<CudaSlice<u8>>>,
+}
+
+/// What a product's parts take as x: the `f32` rows, or (tensor-core kernels) the device
+/// address of their rounding, held until the product's launches are queued.
+pub(super) struct RoundedX<'a> {
+    pub(super) address: u64,
+    _held: MutexGuard<'a, Option<CudaSlice<u8>>>,
 }
 
 impl Q8Kernels {
@@ -51,13 +81,18 @@ impl Q8Kernels {
     /// every product.
     pub(super) const PROBE: &'static str = "matvecq_8";
 
-    /// The kernels, each loaded by `load` (by name).
+    /// The kernels, each loaded by `load` (by name). The tensor-core kernels are taken only
+    /// with the rounding they read (a source from before it had `mmq_F` read `f32` x).
     pub(super) fn load(load: impl Fn(&str) -> Result<CudaFunction>) -> Result<Q8Kernels> {
         Ok(Q8Kernels {
             rows: [load("matvecq_8")?, load("matvecq_10")?],
             one: [load("matvec1q_8")?, load("matvec1q_10")?],
-            tiles: match (load("mmq_8"), load("mmq_10")) {
-                (Ok(q4k), Ok(q6k)) => Some([q4k, q6k]),
+            tiles: match (load("mmq_8"), load("mmq_10"), load("q8_round_rows")) {
+                (Ok(q4k), Ok(q6k), Ok(round)) => Some(Tiles {
+                    kernels: [q4k, q6k],
+                    round,
+                    rounded: Mutex::new(None),
+                }),
                 _ => None,
             },
         })
@@ -69,14 +104,63 @@ impl Q8Kernels {
         self.tiles.is_some()
     }
 
-    /// Every kernel (their shared-memory limit is set at load, as `matvec1`'s).
+    /// Every kernel with dynamic shared memory (its limit is set at load, as `matvec1`'s).
     pub(super) fn all(&self) -> impl Iterator<Item = &CudaFunction> {
-        self.rows.iter().chain(&self.one)
+        let tiles = self.tiles.iter().flat_map(|t| &t.kernels);
+        self.rows.iter().chain(&self.one).chain(tiles)
+    }
+
+    /// Whether a product of `n` rows of x goes to the tensor-core kernels (for its parts of
+    /// their formats).
+    pub(super) fn takes_tiles(&self, n: usize) -> bool {
+        self.tiles.is_some() && n >= MMQ_FROM_ROWS
+    }
+
+    /// Rounds `n` rows of `cols` values of `x` (a multiple of 256) for the tensor-core
+    /// kernels (`q8_round_rows`), into the buffer they read.
+    pub(super) fn round<'a>(
+        &'a self,
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        x: &CudaSlice<f32>,
+        n: usize,
+        cols: usize,
+    ) -> Result<RoundedX<'a>> {
+        let tiles = self
+            .tiles
+            .as_ref()
+            .expect("rounding only for the tensor-core kernels");
+        let mut held = tiles.rounded.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = rounded_bytes(n, cols);
+        if held.as_ref().is_none_or(|b| b.len() < bytes) {
+            *held = Some(dev.zeros(bytes)?);
+        }
+        let buf = held.as_mut().expect("just made");
+        let (ni, ci) = (n as i32, cols as i32);
+        let warps = (n * cols / QBLOCK) as u32;
+        let mut b = stream.launch_builder(&tiles.round);
+        b.arg(x).arg(&ni).arg(&ci).arg(&mut *buf);
+        let cfg = LaunchConfig {
+            grid_dim: (warps.div_ceil(8), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x holds n rows of cols values, a multiple of 256; buf holds
+        // rounded_bytes(n, cols).
+        unsafe { b.launch(cfg) }
+            .map(drop)
+            .map_err(|e| device_error("q8_round_rows", e))?;
+        let address = dev.address(buf);
+        Ok(RoundedX {
+            address,
+            _held: held,
+        })
     }
 
     /// The kernel and launch for a part of `code` with `rows` outputs of `cols` inputs,
-    /// for `n` rows of x; `None` where the 8-bit path does not take the part (another
-    /// format, a width not of whole 256-blocks, more shared memory than `limit`).
+    /// for `n` rows of x, and whether it is a tensor-core kernel (which reads x as
+    /// [`Q8Kernels::round`] left it); `None` where the 8-bit path does not take the part
+    /// (another format, a width not of whole 256-blocks, more shared memory than `limit`).
     pub(super) fn launch(
         &self,
         code: WeightCode,
@@ -84,7 +168,7 @@ impl Q8Kernels {
         cols: usize,
         n: usize,
         limit: usize,
-    ) -> Option<(&CudaFunction, LaunchConfig)> {
+    ) -> Option<(&CudaFunction, LaunchConfig, bool)> {
         let slot = match code {
             WeightCode::Q4K => 0,
             WeightCode::Q6K => 1,
@@ -93,8 +177,9 @@ impl Q8Kernels {
         if !cols.is_multiple_of(QBLOCK) {
             return None;
         }
-        if let (Some(tiles), true) = (&self.tiles, n >= MMQ_FROM_ROWS) {
-            // Its shared memory is static (one block of 256 of its rows at a time).
+        if let (Some(tiles), true) = (&self.tiles, self.takes_tiles(n)) {
+            let staged = MMQ_WEIGHT_BYTES[slot];
+            let scales = if slot == 0 { MMQ_SCALES } else { 0 };
             let cfg = LaunchConfig {
                 grid_dim: (
                     (rows as u32).div_ceil(MMQ_OUTS),
@@ -102,9 +187,13 @@ impl Q8Kernels {
                     1,
                 ),
                 block_dim: (32 * MMQ_WARPS, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: (2 * (MMQ_STAGE_X + MMQ_OUTS as usize * staged) + scales) as u32,
             };
-            return Some((&tiles[slot], cfg));
+            // A device with less shared memory a block (sm_86: 99 KiB) takes Q6_K's
+            // products on `matvecq_F`: the same bits.
+            if cfg.shared_mem_bytes as usize <= limit {
+                return Some((&tiles.kernels[slot], cfg, true));
+            }
         }
         let nr = if n == 1 { 1 } else { QROWS };
         let shared = shared_bytes(cols, nr);
@@ -125,8 +214,14 @@ impl Q8Kernels {
             block_dim: (32 * QWARPS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        Some((func, cfg))
+        Some((func, cfg, false))
     }
+}
+
+/// Bytes of `n` rows of `cols` values rounded for the tensor-core kernels: the values, the
+/// sums of each 16, the scales of each 256 (`q8_round_rows`).
+fn rounded_bytes(n: usize, cols: usize) -> usize {
+    n * cols + n * cols / 16 * 4 + n * cols / QBLOCK * 4
 }
 
 /// A block's dynamic shared memory: `nr` rows of rounded x (half blocks [`QHALF`] bytes
@@ -160,5 +255,31 @@ mod tests {
             }
         }
         assert!(shared_bytes(14_336, QROWS) <= 227 * 1024);
+    }
+
+    /// A tensor-core block's stages start its regions (rows of x, sums, scales, weights)
+    /// where its 16-byte copies need them, two of its Q4_K blocks fit a multiprocessor of
+    /// an H100 (228 KiB) and a Q6_K block fits a block's 227 KiB; the rounded rows' sums and
+    /// scales start where `q8_round_rows` writes them aligned.
+    #[test]
+    fn the_tensor_core_stages_fit_and_are_aligned() {
+        assert_eq!(MMQ_XSTRIDE % 16, 0);
+        assert_eq!((MMQ_ROWS * MMQ_XSTRIDE) % 16, 0);
+        assert_eq!(MMQ_STAGE_X % 16, 0);
+        let block = |slot: usize| {
+            let stage = MMQ_STAGE_X + MMQ_OUTS as usize * MMQ_WEIGHT_BYTES[slot];
+            assert_eq!(stage % 16, 0);
+            2 * stage + if slot == 0 { MMQ_SCALES } else { 0 }
+        };
+        assert!(2 * (block(0) + 1024) <= 228 * 1024);
+        assert!(block(1) <= 227 * 1024);
+        for (n, cols) in [(16, 256), (83, 17 * 256), (512, 14_336)] {
+            assert_eq!((n * cols) % 16, 0);
+            assert_eq!((cols / 16 * 4) % 16, 0);
+            assert_eq!(
+                rounded_bytes(n, cols),
+                n * cols * 5 / 4 + n * cols / QBLOCK * 4
+            );
+        }
     }
 }

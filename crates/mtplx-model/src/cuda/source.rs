@@ -87,6 +87,11 @@ pub(crate) const ATTEND_KEYS: usize = 256;
 /// Query rows whose attention parts one launch computes (a prefill chunk's rows go in
 /// launches of this many, so the parts' buffer stays small at long contexts).
 pub(crate) const ATTEND_ROWS: usize = 64;
+/// Rows of a launch a prefill attention block takes (`ATILE_ROWS`: `attend_tile_h`).
+pub(crate) const ATTEND_TILE_ROWS: usize = 16;
+/// From this many query rows attention takes `attend_tile_h` (the same bits as `attend_h`,
+/// so the choice is speed only): a decode step or verify block keeps a block per row.
+pub(crate) const ATTEND_TILE_FROM: usize = 16;
 /// Dynamic shared memory an attention block may use without opting in.
 pub(super) const MAX_SHARED_BYTES: usize = 48 * 1024;
 
@@ -273,6 +278,8 @@ mod tests {
         assert_eq!(define("OUTS"), MATVEC_OUTS as usize, "OUTS");
         assert_eq!(define("ROWS"), MATVEC_ROWS, "ROWS");
         assert_eq!(define("KEYS"), ATTEND_KEYS, "KEYS");
+        assert_eq!(define("ATILE_ROWS"), ATTEND_TILE_ROWS, "ATILE_ROWS");
+        assert!(SOURCE.contains("__launch_bounds__(64 * ATTEND_WARPS) attend_tile_h("));
         assert_eq!(define("OUTS1"), MATVEC1_OUTS as usize, "OUTS1");
         assert_eq!(define("XSTRIDE"), MATVEC1_XSTRIDE, "XSTRIDE");
         assert_eq!(
@@ -295,6 +302,12 @@ mod tests {
         assert_eq!(define("MMQ_ROWS"), MMQ_ROWS, "MMQ_ROWS");
         assert_eq!(define("MMQ_OUTS"), MMQ_OUTS as usize, "MMQ_OUTS");
         assert_eq!(define("MMQ_WARPS"), MMQ_WARPS as usize, "MMQ_WARPS");
-        assert!(SOURCE.contains("__launch_bounds__(32 * MMQ_WARPS) mmq_"));
+        assert!(SOURCE.contains("__launch_bounds__(32 * MMQ_WARPS, BLOCKS) mmq_"));
+        use super::super::q8::{MMQ_WEIGHT_BYTES, MMQ_XSTRIDE};
+        assert_eq!(define("MMQ_XSTRIDE"), MMQ_XSTRIDE, "MMQ_XSTRIDE");
+        assert_eq!(define("MMQ_W4K"), MMQ_WEIGHT_BYTES[0], "MMQ_W4K");
+        assert_eq!(define("MMQ_W6K"), MMQ_WEIGHT_BYTES[1], "MMQ_W6K");
+        // A Q4_K block decodes its outputs' scales two threads an output.
+        assert_eq!(32 * MMQ_WARPS, 2 * MMQ_OUTS);
     }
 }

@@ -8,7 +8,8 @@ use half::f16;
 use mtplx_kv::{KvCache, KvDtype, KvShape, KvView};
 
 use super::cache::CudaKvCache;
-use super::device::{AttendParts, CudaDevice, DeviceMatrix};
+use super::device::{AttendParts, CudaDevice};
+use super::matrix::DeviceMatrix;
 use crate::kernels::{Activations, QuantFormat, QuantMatrix};
 use crate::weights::{FileData, FilePart};
 
@@ -237,6 +238,160 @@ fn eight_bit_products_are_the_cpus_bit_for_bit() {
                     want[r * rows..(r + 1) * rows],
                     "{format:?} {cols} row {r}"
                 );
+            }
+        }
+    }
+}
+
+/// A product of two parts in the two 8-bit formats (a fused QKV whose V is Q6_K), over 40
+/// rows of x (tensor cores: x rounded once, read by both parts' launches) and added to
+/// what y held (the residual's accumulation): each part's columns are the CPU's products
+/// plus y's values, bit for bit.
+#[test]
+fn a_two_format_product_on_tensor_cores_is_the_cpus_and_accumulates() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(29);
+    let (cols, n) = (5 * 256, 40);
+    let shapes = [(QuantFormat::Q4K, 72), (QuantFormat::Q6K, 56)];
+    let blocks: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(f, rows)| random_blocks(f, rows, cols, &mut rng))
+        .collect();
+    let parts = shapes
+        .iter()
+        .zip(&blocks)
+        .map(|(&(format, rows), bytes)| FilePart {
+            rows,
+            cols,
+            data: FileData::Blocks {
+                format,
+                bytes: bytes.clone(),
+            },
+        })
+        .collect();
+    let mut m = DeviceMatrix::from_parts(&dev, parts, None).unwrap();
+    m.activations = Activations::Q8;
+    assert_eq!(m.parts.len(), 2);
+    let total: usize = shapes.iter().map(|s| s.1).sum();
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+    let y0: Vec<f32> = (0..n * total).map(|_| rng.unit()).collect();
+    let mut want = y0.clone();
+    let mut at = 0;
+    for (&(format, rows), bytes) in shapes.iter().zip(&blocks) {
+        let host =
+            QuantMatrix::from_gguf_bytes_with(format, bytes, rows, cols, Activations::Q8).unwrap();
+        let mut part = vec![0f32; n * rows];
+        host.matmul(&x, n, &mut part);
+        for r in 0..n {
+            for o in 0..rows {
+                want[r * total + at + o] += part[r * rows + o];
+            }
+        }
+        at += rows;
+    }
+    let xd = dev.upload(&x).unwrap();
+    let mut y = dev.upload(&y0).unwrap();
+    dev.matvec(&m, &xd, &mut y, n, true).unwrap();
+    let mut got = vec![0f32; n * total];
+    dev.read(&y, 0, &mut got).unwrap();
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "row {} out {}: {a} vs {b}",
+            i / total,
+            i % total
+        );
+    }
+}
+
+/// Bytes copied through pinned staging (several buffers' worth, so each buffer is reused
+/// while an earlier copy may still be in flight) land where they were sent, whatever the
+/// caller does with its own bytes after each call returns.
+#[test]
+fn staged_copies_land_whole_and_in_order() {
+    let Some(dev) = device() else { return };
+    let len = (8 << 20) * 3 + 4099;
+    let mut dst = dev.zeros::<u8>(2 * len + 64).unwrap();
+    let mut host: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4093) as u8).collect();
+    let first = host.clone();
+    dev.write_staged(&host, &mut dst, 17).unwrap();
+    // Overwritten at once: a copy still reading it would show.
+    host.iter_mut().for_each(|b| *b = b.wrapping_add(101));
+    dev.write_staged(&host, &mut dst, 17 + len).unwrap();
+    host.fill(0);
+    let mut back = vec![0u8; 2 * len];
+    dev.read(&dst, 17, &mut back).unwrap();
+    assert!(back[..len] == first[..], "the first copy");
+    let second: Vec<u8> = first.iter().map(|b| b.wrapping_add(101)).collect();
+    assert!(back[len..] == second[..], "the second copy");
+    assert!(dev.write_staged(&first, &mut dst, len + 100).is_err());
+}
+
+/// A prefill chunk's attention (`attend_tile_h`, from 16 rows of an `f16` cache) gives each
+/// row the bits that row gets alone (a decode step's `attend_h`): rows whose context fits
+/// one part, rows whose tile straddles a part's edge (some rows with one part, some with
+/// two), rows past several parts, a launch's partial tile, heads of 64 and 128 values,
+/// four query heads a KV head.
+#[test]
+fn prefill_attention_tiles_give_each_rows_decode_bits() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(37);
+    for (hd, qh, kvh) in [(64usize, 8usize, 2usize), (128, 8, 2)] {
+        let len = 1600;
+        let shape = KvShape {
+            layers: 1,
+            kv_heads: kvh,
+            head_dim: hd,
+        };
+        let row = kvh * hd;
+        let k: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
+        let v: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
+        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
+        cache.append(0, &k, &v).unwrap();
+        let kv = dev.upload(&cache.addresses()).unwrap();
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (row0, n) in [(0usize, 70usize), (200, 70), (1500, 40)] {
+            let q: Vec<f32> = (0..n * qh * hd).map(|_| rng.unit() * 4.0).collect();
+            let run = |first: usize, rows: usize| -> Vec<f32> {
+                let at = (row0 + first) as u32;
+                let meta = dev.upload(&[at, at]).unwrap();
+                let qd = dev
+                    .upload(&q[first * qh * hd..(first + rows) * qh * hd])
+                    .unwrap();
+                let mut parts = AttendParts::new(&dev, rows, (qh, kvh, hd), len).unwrap();
+                let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
+                dev.attend(
+                    &qd,
+                    &kv,
+                    KvDtype::F16,
+                    0,
+                    &mut parts,
+                    &mut out,
+                    (qh, kvh, hd),
+                    rows,
+                    &meta,
+                    scale,
+                    len,
+                )
+                .unwrap();
+                let mut host = vec![0f32; rows * qh * hd];
+                dev.read(&out, 0, &mut host).unwrap();
+                host
+            };
+            let block = run(0, n);
+            for r in 0..n {
+                let alone = run(r, 1);
+                let got = &block[r * qh * hd..(r + 1) * qh * hd];
+                for (i, (a, b)) in got.iter().zip(&alone).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "hd {hd}, rows from {row0}: row {r} head {} dim {}: {a} vs {b}",
+                        i / hd,
+                        i % hd
+                    );
+                }
             }
         }
     }
