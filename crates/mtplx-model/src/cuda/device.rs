@@ -12,7 +12,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use mtplx_kv::KvDtype;
 
-use super::matrix::DeviceMatrix;
+pub(crate) use super::fault::device_error;
+use super::matrix::{DeviceMatrix, Upload};
 use super::q8::Q8Kernels;
 use super::source::{
     compile_source, quietly, source, LaunchShape, WeightCode, ATTEND_KEYS, ATTEND_ROWS,
@@ -22,10 +23,6 @@ use super::source::{
 use super::staging::Staging;
 use crate::error::{ModelError, Result};
 use crate::kernels::Activations;
-
-pub(crate) fn device_error(what: &str, e: impl std::fmt::Display) -> ModelError {
-    ModelError::Device(format!("{what}: {e}"))
-}
 
 struct Kernels {
     embed: CudaFunction,
@@ -429,7 +426,7 @@ impl CudaDevice {
         // The tensor-core kernels read x rounded once for all the product's parts.
         let rounded = match q8 {
             Some(q8) if q8.takes_tiles(n) && w.cols.is_multiple_of(256) => {
-                Some(q8.round(self, &self.stream, x, n, w.cols)?)
+                Some(q8.round(&self.stream, &|len| self.zeros(len), x, n, w.cols)?)
             }
             _ => None,
         };
@@ -740,6 +737,16 @@ impl AttendParts {
             values: dev.zeros(rows * qh * max_len.div_ceil(ATTEND_KEYS) * (hd + 2))?,
             done: dev.zeros(rows * qh)?,
         })
+    }
+}
+
+impl Upload for CudaDevice {
+    fn upload_bytes(&self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
+        self.upload(bytes)
+    }
+
+    fn upload_values(&self, values: &[f32]) -> Result<CudaSlice<f32>> {
+        self.upload(values)
     }
 }
 

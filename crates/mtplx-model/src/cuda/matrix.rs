@@ -2,7 +2,6 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::device::CudaDevice;
 use super::source::WeightCode;
 use crate::error::{ModelError, Result};
 use crate::kernels::Activations;
@@ -11,6 +10,13 @@ use crate::weights::{FileData, FilePart, Linear};
 /// Bytes after a weight part's last row on the device, that the kernels' aligned loads may
 /// read (and never use).
 const PART_PADDING: usize = 16;
+
+/// What a weight's upload needs of a device: its bytes and values copied over (the
+/// device implements it, so this module depends on no more of it).
+pub(crate) trait Upload {
+    fn upload_bytes(&self, bytes: &[u8]) -> Result<CudaSlice<u8>>;
+    fn upload_values(&self, values: &[f32]) -> Result<CudaSlice<f32>>;
+}
 
 /// A weight matrix on the device: `[rows, cols]` as parts of consecutive rows (Q, K and V
 /// side by side may each have their own format), each in its file's own blocks, with the
@@ -36,7 +42,7 @@ pub(crate) struct DevicePart {
 impl DeviceMatrix {
     /// A dense `f32` matrix (row-major `[rows, cols]`).
     pub(crate) fn upload(
-        dev: &CudaDevice,
+        dev: &dyn Upload,
         w: &[f32],
         bias: Option<&[f32]>,
         rows: usize,
@@ -53,7 +59,7 @@ impl DeviceMatrix {
     /// The weight as the file stores it, part by part ([`Linear::file_parts`]), its
     /// products taking `activations`.
     pub(crate) fn from_linear(
-        dev: &CudaDevice,
+        dev: &dyn Upload,
         l: &Linear,
         activations: Activations,
     ) -> Result<Self> {
@@ -63,7 +69,7 @@ impl DeviceMatrix {
     }
 
     pub(crate) fn from_parts(
-        dev: &CudaDevice,
+        dev: &dyn Upload,
         parts: Vec<FilePart>,
         bias: Option<&[f32]>,
     ) -> Result<Self> {
@@ -115,14 +121,14 @@ impl DeviceMatrix {
             out.push(DevicePart {
                 code,
                 row_bytes,
-                blocks: dev.upload(&bytes)?,
+                blocks: dev.upload_bytes(&bytes)?,
                 rows,
             });
         }
         Ok(DeviceMatrix {
             parts: out,
             activations: Activations::F32,
-            bias: bias.map(|b| dev.upload(b)).transpose()?,
+            bias: bias.map(|b| dev.upload_values(b)).transpose()?,
             rows,
             cols,
         })

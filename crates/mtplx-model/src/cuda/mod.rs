@@ -17,6 +17,7 @@
 
 mod cache;
 mod device;
+mod fault;
 mod matrix;
 mod model;
 mod mtp;

@@ -80,7 +80,7 @@ impl CudaModel {
     ) -> Result<Self> {
         let c = model.config().clone();
         let (h, v) = (c.hidden_size, c.vocab_size);
-        let matrix = |l: &crate::Linear| DeviceMatrix::from_linear(&dev, l, activations);
+        let matrix = |l: &crate::Linear| DeviceMatrix::from_linear(&*dev, l, activations);
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
             let qk_norm = match (&l.q_norm, &l.k_norm) {
@@ -105,7 +105,7 @@ impl CudaModel {
                 Embedding::Table(m) => m.dequantize(),
                 Embedding::Dense(t) => t.flatten_all()?.to_vec1::<f32>()?,
             };
-            Arc::new(DeviceMatrix::upload(&dev, &table, None, v, h)?)
+            Arc::new(DeviceMatrix::upload(&*dev, &table, None, v, h)?)
         };
         let (cos, sin) = model.rope.tables();
         let rope = DeviceRope {

@@ -12,9 +12,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::device::{device_error, CudaDevice};
+use super::fault::device_error;
 use super::source::WeightCode;
 use crate::error::Result;
 
@@ -117,11 +117,12 @@ impl Q8Kernels {
     }
 
     /// Rounds `n` rows of `cols` values of `x` (a multiple of 256) for the tensor-core
-    /// kernels (`q8_round_rows`), into the buffer they read.
+    /// kernels (`q8_round_rows`) on `stream`, into the buffer they read (grown with
+    /// `alloc`, the device's allocation).
     pub(super) fn round<'a>(
         &'a self,
-        dev: &CudaDevice,
         stream: &Arc<CudaStream>,
+        alloc: &dyn Fn(usize) -> Result<CudaSlice<u8>>,
         x: &CudaSlice<f32>,
         n: usize,
         cols: usize,
@@ -133,7 +134,7 @@ impl Q8Kernels {
         let mut held = tiles.rounded.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = rounded_bytes(n, cols);
         if held.as_ref().is_none_or(|b| b.len() < bytes) {
-            *held = Some(dev.zeros(bytes)?);
+            *held = Some(alloc(bytes)?);
         }
         let buf = held.as_mut().expect("just made");
         let (ni, ci) = (n as i32, cols as i32);
@@ -150,7 +151,7 @@ impl Q8Kernels {
         unsafe { b.launch(cfg) }
             .map(drop)
             .map_err(|e| device_error("q8_round_rows", e))?;
-        let address = dev.address(buf);
+        let address = buf.device_ptr(stream).0;
         Ok(RoundedX {
             address,
             _held: held,

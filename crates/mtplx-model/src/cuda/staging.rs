@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
 
-use super::device::device_error;
+use super::fault::device_error;
 use crate::error::Result;
 
 /// Bytes of each buffer.

@@ -269,7 +269,7 @@ fn a_two_format_product_on_tensor_cores_is_the_cpus_and_accumulates() {
             },
         })
         .collect();
-    let mut m = DeviceMatrix::from_parts(&dev, parts, None).unwrap();
+    let mut m = DeviceMatrix::from_parts(&*dev, parts, None).unwrap();
     m.activations = Activations::Q8;
     assert_eq!(m.parts.len(), 2);
     let total: usize = shapes.iter().map(|s| s.1).sum();
