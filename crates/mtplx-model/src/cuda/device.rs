@@ -152,18 +152,18 @@ impl CudaDevice {
                 Ok(attend) => Some(KvKernels {
                     qkv_post: f("qkv_post_h")?,
                     attend,
-                    attend_tile: module.load_function("attend_tile_h").ok(),
+                    // Taken only where its shared memory can be raised to the device's limit.
+                    attend_tile: module.load_function("attend_tile_h").ok().filter(|f| {
+                        f.set_attribute(
+                            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            shared_limit,
+                        )
+                        .is_ok()
+                    }),
                 }),
                 Err(_) => None,
             },
         };
-        if let Some(tile) = k.kv_f16.as_ref().and_then(|k| k.attend_tile.as_ref()) {
-            tile.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared_limit,
-            )
-            .map_err(|e| device_error("attention tile shared memory", e))?;
-        }
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx
             .new_stream()
@@ -616,7 +616,7 @@ impl CudaDevice {
         let warps = self.k.shape.attend_warps;
         // A prefill chunk's rows share each part's keys and values (`attend_tile_h`): the
         // same bits as `attend`'s blocks, one copy of the keys for many rows and heads.
-        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + 2 * shared as usize;
+        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + 2 * shared as usize + 8;
         let tile = kernels.attend_tile.as_ref().filter(|_| {
             n >= ATTEND_TILE_FROM
                 && hd.is_multiple_of(8)

@@ -1414,8 +1414,8 @@ __device__ __forceinline__ void attend_part(const float* q, const unsigned long 
 // ATTEND_WARPS warps take the (row, head) pairs in turn, each running attend_part's code
 // over the copies: the same scores, reductions (a group's barrier where attend_part's
 // block has its own), sums and merge, so a row's output is the same bits whichever
-// kernel computed it. Dynamic shared memory: 2 · KEYS · hd halves, then per group
-// 32 + hd + ATTEND_WARPS · hd + KEYS floats.
+// kernel computed it. Dynamic shared memory (none static): 2 · KEYS · hd halves, then per
+// group 32 + hd + ATTEND_WARPS · hd + KEYS floats, then two ints.
 #define ATILE_ROWS 16
 
 // A group's barrier: named barrier 1 + group over its 32 · ATTEND_WARPS threads.
@@ -1446,7 +1446,6 @@ extern "C" __global__ void __launch_bounds__(64 * ATTEND_WARPS) attend_tile_h(
     int qh, int kvh, int hd, const unsigned* meta, float scale, int r0, int parts, int nrows) {
     typedef unsigned short KV;
     extern __shared__ int4 tile_sh[];
-    __shared__ int last[2];
     const KV* kc = (const KV*)kv[2 * layer];
     const KV* vc = (const KV*)kv[2 * layer + 1];
     const int warps = ATTEND_WARPS, gthreads = 32 * ATTEND_WARPS;
@@ -1470,7 +1469,10 @@ extern "C" __global__ void __launch_bounds__(64 * ATTEND_WARPS) attend_tile_h(
     __syncthreads();
     int group = threadIdx.x / gthreads, gt = threadIdx.x % gthreads;
     int lane = gt & 31, warp = gt >> 5;
-    float* red = reinterpret_cast<float*>(sv + KEYS * hd) + group * (32 + hd + warps * hd + KEYS);
+    float* groups = reinterpret_cast<float*>(sv + KEYS * hd);
+    // Each group's `last` flag after both groups' buffers.
+    int* last = reinterpret_cast<int*>(groups + 2 * (32 + hd + warps * hd + KEYS));
+    float* red = groups + group * (32 + hd + warps * hd + KEYS);
     float* qs = red + 32;
     float* acc = qs + hd;
     float* sc = acc + warps * hd;
