@@ -152,8 +152,11 @@ impl CudaDevice {
                 Ok(attend) => Some(KvKernels {
                     qkv_post: f("qkv_post_h")?,
                     attend,
-                    // Taken only where its shared memory can be raised to the device's limit.
+                    // Taken only where its shared memory can be raised to the device's limit
+                    // (and not with MTPLX_CUDA_ATTEND_TILE=0: the per-row kernel, the same
+                    // bits, so one binary times both).
                     attend_tile: module.load_function("attend_tile_h").ok().filter(|f| {
+                        std::env::var("MTPLX_CUDA_ATTEND_TILE").map_or(true, |v| v != "0") &&
                         f.set_attribute(
                             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                             shared_limit,
