@@ -619,7 +619,8 @@ impl CudaDevice {
         let warps = self.k.shape.attend_warps;
         // A prefill chunk's rows share each part's keys and values (`attend_tile_h`): the
         // same bits as `attend`'s blocks, one copy of the keys for many rows and heads.
-        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + 2 * shared as usize + 8;
+        let groups = self.k.shape.tile_groups;
+        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + groups as usize * (shared as usize + 4);
         let tile = kernels.attend_tile.as_ref().filter(|_| {
             n >= ATTEND_TILE_FROM
                 && hd.is_multiple_of(8)
@@ -657,7 +658,7 @@ impl CudaDevice {
                         kvh as u32,
                         count as u32,
                     ),
-                    block_dim: (64 * warps, 1, 1),
+                    block_dim: (32 * warps * groups, 1, 1),
                     shared_mem_bytes: tile_shared as u32,
                 }
             } else {
@@ -671,7 +672,7 @@ impl CudaDevice {
             // (at most max_len); `parts` was made for these heads and max_len
             // ([`AttendParts::new`]), its counters all 0 between launches. A tile block's
             // shared memory holds a part's K and V rows of one head (`f16`, hd a multiple
-            // of 8 for its 16-byte copies) and two groups' buffers, within the limit set at
+            // of 8 for its 16-byte copies) and its groups' buffers, within the limit set at
             // load; qh is a multiple of kvh.
             unsafe { b.launch(cfg) }
                 .map(drop)

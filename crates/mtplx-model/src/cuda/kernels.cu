@@ -1411,12 +1411,14 @@ __device__ __forceinline__ void attend_part(const float* q, const unsigned long 
 // part blockIdx.z of KV head blockIdx.y for ATILE_ROWS consecutive rows of the launch
 // (blockIdx.x) and the query heads that share that KV head: it copies the part's rows of K
 // and V (f16, as the cache stores them) into shared memory, then two groups of
-// ATTEND_WARPS warps take the (row, head) pairs in turn, each running attend_part's code
+// ATTEND_WARPS warps (ATILE_GROUPS groups) take the (row, head) pairs in turn, each running
+// attend_part's code
 // over the copies: the same scores, reductions (a group's barrier where attend_part's
 // block has its own), sums and merge, so a row's output is the same bits whichever
 // kernel computed it. Dynamic shared memory (none static): 2 · KEYS · hd halves, then per
-// group 32 + hd + ATTEND_WARPS · hd + KEYS floats, then two ints.
+// group 32 + hd + ATTEND_WARPS · hd + KEYS floats, then a flag (an int) per group.
 #define ATILE_ROWS 16
+#define ATILE_GROUPS 2
 
 // A group's barrier: named barrier 1 + group over its 32 · ATTEND_WARPS threads.
 __device__ __forceinline__ void group_sync(int group) {
@@ -1441,7 +1443,7 @@ __device__ float group_max(float v, float* red, int group) {
     return warp_max(lane < ATTEND_WARPS ? red[lane] : NEG_INF);
 }
 
-extern "C" __global__ void __launch_bounds__(64 * ATTEND_WARPS) attend_tile_h(
+extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) attend_tile_h(
     const float* q, const unsigned long long* kv, int layer, float* part, int* done, float* out,
     int qh, int kvh, int hd, const unsigned* meta, float scale, int r0, int parts, int nrows) {
     typedef unsigned short KV;
@@ -1471,13 +1473,13 @@ extern "C" __global__ void __launch_bounds__(64 * ATTEND_WARPS) attend_tile_h(
     int lane = gt & 31, warp = gt >> 5;
     float* groups = reinterpret_cast<float*>(sv + KEYS * hd);
     // Each group's `last` flag after both groups' buffers.
-    int* last = reinterpret_cast<int*>(groups + 2 * (32 + hd + warps * hd + KEYS));
+    int* last = reinterpret_cast<int*>(groups + ATILE_GROUPS * (32 + hd + warps * hd + KEYS));
     float* red = groups + group * (32 + hd + warps * hd + KEYS);
     float* qs = red + 32;
     float* acc = qs + hd;
     float* sc = acc + warps * hd;
     int G = qh / kvh, hd4 = hd >> 2;
-    for (int pp = group; pp < ATILE_ROWS * G; pp += 2) {
+    for (int pp = group; pp < ATILE_ROWS * G; pp += ATILE_GROUPS) {
         int i = i0 + pp / G, h = g * G + pp % G;
         int r = r0 + i, len = (int)meta[0] + r + 1;
         // The same for the whole group: it skips a pair together.

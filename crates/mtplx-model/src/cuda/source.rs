@@ -40,15 +40,18 @@ pub(super) const MATVEC1_WARPS: u32 = 16;
 /// same either way.
 pub(super) const MATVEC1_OUTS: u32 = 1;
 /// How a source's decode matvec (`matvec1_F`) and attention are launched: its `OUTS1`,
-/// `MATVEC1_WARPS` and `ATTEND_WARPS`, read from the source being compiled, so that a kernel
+/// `MATVEC1_WARPS`, `ATTEND_WARPS` and `ATILE_GROUPS`, read from the source being compiled, so that a kernel
 /// developer's source (`MTPLX_CUDA_KERNELS`) with other values is launched by its own (the
-/// built-in source's are [`MATVEC1_OUTS`], [`MATVEC1_WARPS`] and [`ATTEND_WARPS`], a test
+/// built-in source's are [`MATVEC1_OUTS`], [`MATVEC1_WARPS`], [`ATTEND_WARPS`] and
+/// [`ATTEND_TILE_GROUPS`], a test
 /// holds them equal). A source that does not define one gets the built-in value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct LaunchShape {
     pub outs: u32,
     pub warps: u32,
     pub attend_warps: u32,
+    /// Groups of `attend_warps` warps an attention tile block runs (`attend_tile_h`).
+    pub tile_groups: u32,
 }
 
 impl LaunchShape {
@@ -60,11 +63,21 @@ impl LaunchShape {
                 "the kernels' source: #define {name} is not a number from 1 to 32"
             ))),
         };
-        Ok(LaunchShape {
+        let shape = LaunchShape {
             outs: read("OUTS1", MATVEC1_OUTS)?,
             warps: read("MATVEC1_WARPS", MATVEC1_WARPS)?,
             attend_warps: read("ATTEND_WARPS", ATTEND_WARPS)?,
-        })
+            tile_groups: read("ATILE_GROUPS", ATTEND_TILE_GROUPS)?,
+        };
+        // A tile block's groups each take a named barrier (1 .. 15), and it has at most
+        // 1,024 threads.
+        if shape.tile_groups > 15 || shape.tile_groups * shape.attend_warps > 32 {
+            return Err(ModelError::Device(format!(
+                "the kernels' source: ATILE_GROUPS {} of {} warps (at most 15 groups, 32 warps)",
+                shape.tile_groups, shape.attend_warps
+            )));
+        }
+        Ok(shape)
     }
 }
 
@@ -89,6 +102,10 @@ pub(crate) const ATTEND_KEYS: usize = 256;
 pub(crate) const ATTEND_ROWS: usize = 64;
 /// Rows of a launch a prefill attention block takes (`ATILE_ROWS`: `attend_tile_h`).
 pub(crate) const ATTEND_TILE_ROWS: usize = 16;
+/// Groups of [`ATTEND_WARPS`] warps in an attention tile block (`ATILE_GROUPS`; a kernel
+/// developer's source may set its own, see [`LaunchShape`]): each takes the block's (row,
+/// head) pairs in turn.
+pub(super) const ATTEND_TILE_GROUPS: u32 = 2;
 /// From this many query rows attention takes `attend_tile_h` (the same bits as `attend_h`,
 /// so the choice is speed only): a decode step or verify block keeps a block per row.
 pub(crate) const ATTEND_TILE_FROM: usize = 16;
@@ -223,6 +240,7 @@ mod tests {
                 outs: MATVEC1_OUTS,
                 warps: MATVEC1_WARPS,
                 attend_warps: ATTEND_WARPS,
+                tile_groups: ATTEND_TILE_GROUPS,
             }
         );
         // Another source's values, each line replaced whatever the built-in value is.
@@ -245,18 +263,30 @@ mod tests {
             &format!("#define ATTEND_WARPS {ATTEND_WARPS}"),
             "#define ATTEND_WARPS 7",
         );
+        let other = other.replace(
+            &format!("#define ATILE_GROUPS {ATTEND_TILE_GROUPS}"),
+            "#define ATILE_GROUPS 3",
+        );
         assert_eq!(
             LaunchShape::of(&other).unwrap(),
             LaunchShape {
                 outs: 3,
                 warps: 5,
-                attend_warps: 7
+                attend_warps: 7,
+                tile_groups: 3,
             }
         );
+        // 8 groups of 7 warps would be 1,792 threads; 16 groups, more named barriers.
+        assert!(LaunchShape::of(
+            &other.replace("#define ATILE_GROUPS 3", "#define ATILE_GROUPS 8")
+        )
+        .is_err());
+        assert!(LaunchShape::of(&with("ATILE_GROUPS", "16")).is_err());
         let older: String = SOURCE
             .lines()
             .filter(|l| !l.starts_with("#define OUTS1") && !l.starts_with("#define MATVEC1_WARPS"))
             .filter(|l| !l.starts_with("#define ATTEND_WARPS"))
+            .filter(|l| !l.starts_with("#define ATILE_GROUPS"))
             .collect::<Vec<_>>()
             .join("\n");
         assert_eq!(LaunchShape::of(&older).unwrap(), builtin);
@@ -279,7 +309,14 @@ mod tests {
         assert_eq!(define("ROWS"), MATVEC_ROWS, "ROWS");
         assert_eq!(define("KEYS"), ATTEND_KEYS, "KEYS");
         assert_eq!(define("ATILE_ROWS"), ATTEND_TILE_ROWS, "ATILE_ROWS");
-        assert!(SOURCE.contains("__launch_bounds__(64 * ATTEND_WARPS) attend_tile_h("));
+        assert!(
+            SOURCE.contains("__launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) attend_tile_h(")
+        );
+        assert_eq!(
+            define("ATILE_GROUPS"),
+            ATTEND_TILE_GROUPS as usize,
+            "ATILE_GROUPS"
+        );
         assert_eq!(define("OUTS1"), MATVEC1_OUTS as usize, "OUTS1");
         assert_eq!(define("XSTRIDE"), MATVEC1_XSTRIDE, "XSTRIDE");
         assert_eq!(
