@@ -7,7 +7,8 @@
 # run; each source's unit tests first, and only the sources that pass them are timed;
 # SOURCE@WEIGHTS runs the server with MTPLX_WEIGHTS=WEIGHTS, e.g. builtin@native for a
 # K-quant file's products with f32 activations; SOURCE[@WEIGHTS]/KV with MTPLX_KV_DTYPE=KV,
-# e.g. builtin/f32 for K/V stored in f32 on the device);
+# e.g. builtin/f32 for K/V stored in f32 on the device; SOURCE...%VAR=VALUE[,VAR=VALUE] with
+# those variables set for its server, e.g. builtin%MTPLX_CUDA_ATTEND_TILE=0);
 # with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz (and
 # returned as $OUT/llama-bin.tar.xz: in DIR, later calls unpack it instead of building); with
 # RETURNING=1 the returning conversation (gpu_server.py's "returning" part) for the first
@@ -78,9 +79,24 @@ if [ "${LLAMA:-0}" = 1 ]; then
 fi
 # The unit tests for each kernel source: a source that fails them is not timed.
 KERNELS=${KERNELS:-builtin}
+set_by_spec=""
 use_source() {
-  local spec=${1%%/*} kv=
-  [ "$1" != "$spec" ] && kv=${1#*/}
+  local whole=$1 envs=
+  # SPEC%VAR=VALUE,...: the variables for this run only (those of the previous run unset).
+  for v in $set_by_spec; do unset "$v"; done
+  set_by_spec=""
+  if [ "${whole#*%}" != "$whole" ]; then
+    envs=${whole#*%}
+    whole=${whole%%\%*}
+    local IFS=,
+    for kv_pair in $envs; do
+      export "${kv_pair?}"
+      set_by_spec="$set_by_spec ${kv_pair%%=*}"
+    done
+    unset IFS
+  fi
+  local spec=${whole%%/*} kv=
+  [ "$whole" != "$spec" ] && kv=${whole#*/}
   local src=${spec%@*}
   if [ "$src" = builtin ]; then unset MTPLX_CUDA_KERNELS; else export MTPLX_CUDA_KERNELS=$G/k-$src.cu; fi
   if [ "$spec" != "$src" ]; then export MTPLX_WEIGHTS=${spec#*@}; else unset MTPLX_WEIGHTS; fi
@@ -88,7 +104,7 @@ use_source() {
 }
 passed=""
 for k in $KERNELS; do
-  src=${k%%[@/]*}
+  src=${k%%[@/%]*}
   if [ "$DEVICE" != cuda ]; then passed="$passed $k"; continue; fi
   if [ ! -f "$W/res/tests-$src.txt" ]; then
     use_source "$src"
@@ -111,6 +127,9 @@ for q in ${FILES-q4_k_m q4_0}; do
     case "$q:$k" in q4_0:*@*) continue ;; esac
     use_source "$k"
     tag=${k//\//-kv}
+    tag=${tag//%/-env-}
+    tag=${tag//=/-}
+    tag=${tag//,/-}
     echo "== $q, kernels $k"
     llama=()
     parts=mtplx
