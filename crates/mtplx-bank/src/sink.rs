@@ -224,6 +224,121 @@ mod tests {
         }
     }
 
+    /// A device's cache as far as a restore can tell: host rows that lend no storage, and
+    /// a record of the room reserved for them.
+    struct Reserving(Box<dyn KvCache>, Arc<std::sync::Mutex<Vec<usize>>>);
+
+    impl KvView for Reserving {
+        fn shape(&self) -> KvShape {
+            self.0.shape()
+        }
+        fn layout(&self) -> mtplx_kv::LayoutKind {
+            mtplx_kv::LayoutKind::Device
+        }
+        fn dtype(&self) -> KvDtype {
+            self.0.dtype()
+        }
+        fn layer_len(&self, layer: usize) -> usize {
+            self.0.layer_len(layer)
+        }
+        fn read_rows(
+            &self,
+            layer: usize,
+            range: std::ops::Range<usize>,
+            k: &mut [f32],
+            v: &mut [f32],
+        ) -> Result<(), mtplx_kv::KvError> {
+            self.0.read_rows(layer, range, k, v)
+        }
+        fn read_raw(
+            &self,
+            layer: usize,
+            range: std::ops::Range<usize>,
+            k: &mut [u8],
+            v: &mut [u8],
+        ) -> Result<(), mtplx_kv::KvError> {
+            self.0.read_raw(layer, range, k, v)
+        }
+        fn physical_bytes(&self) -> usize {
+            self.0.physical_bytes()
+        }
+    }
+
+    impl KvCache for Reserving {
+        fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), mtplx_kv::KvError> {
+            self.0.append(layer, k, v)
+        }
+        fn append_stored(
+            &mut self,
+            layer: usize,
+            k: &[u8],
+            v: &[u8],
+        ) -> Result<(), mtplx_kv::KvError> {
+            self.0.append_stored(layer, k, v)
+        }
+        fn reserve_positions(&mut self, n: usize) -> Result<(), mtplx_kv::KvError> {
+            self.1.lock().unwrap().push(n);
+            Ok(())
+        }
+        fn attend(
+            &self,
+            layer: usize,
+            q: &[f32],
+            q_heads: usize,
+            scale: f32,
+            out: &mut [f32],
+        ) -> Result<(), mtplx_kv::KvError> {
+            self.0.attend(layer, q, q_heads, scale, out)
+        }
+        fn truncate(&mut self, len: usize) {
+            self.0.truncate(len)
+        }
+        fn snapshot(&self) -> Arc<dyn KvView> {
+            self.0.snapshot()
+        }
+        fn fork(&self) -> Box<dyn KvCache> {
+            Box::new(Reserving(self.0.fork(), self.1.clone()))
+        }
+    }
+
+    struct ReservingMaker(Arc<std::sync::Mutex<Vec<usize>>>);
+
+    impl mtplx_kv::MakeDeviceCache for ReservingMaker {
+        fn stores(&self, dtype: KvDtype) -> bool {
+            matches!(dtype, KvDtype::F32 | KvDtype::F16)
+        }
+        fn new_cache(&self, shape: KvShape, dtype: KvDtype) -> Box<dyn KvCache> {
+            let host = CacheFactory::contiguous().with_dtype(dtype).unwrap();
+            Box::new(Reserving(host.new_cache(shape), self.0.clone()))
+        }
+        fn name(&self) -> String {
+            "reserving:0".into()
+        }
+    }
+
+    /// A restore into a cache that lends no rows and grows by copying (a device's)
+    /// reserves the restore's whole length once, before its first row arrives.
+    #[test]
+    fn a_restore_reserves_its_whole_length_before_its_first_row() {
+        let reserved = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let maker = Arc::new(ReservingMaker(reserved.clone()));
+        let factory = CacheFactory::device(mtplx_kv::DeviceCaches(maker))
+            .with_dtype(KvDtype::F16)
+            .unwrap();
+        let shape = shape(KvDtype::F16);
+        let mut sink = CacheSink::new(&factory, shape);
+        sink.begin(geometry(shape, KvDtype::F16), 700).unwrap();
+        assert!(
+            sink.direct_rows().is_none(),
+            "a device-like cache lends nothing"
+        );
+        assert_eq!(*reserved.lock().unwrap(), [700]);
+        let row = KvDtype::F16.bytes(shape.row_len());
+        let bytes = vec![0u8; 3 * row];
+        sink.write_rows(0, 0, &bytes, &bytes).unwrap();
+        assert_eq!(*reserved.lock().unwrap(), [700], "reserved once");
+    }
+
     /// A [`CacheSink`] that lends the cache's rows only when `lend`, and counts the
     /// `write_rows` calls that reach it.
     struct Watched<'a> {
