@@ -114,22 +114,16 @@ impl Quant {
 
     /// `kind`: the tensor's name without its `blk.N.` prefix; `layer` its layer.
     pub fn dtype(self, kind: &str, layer: usize, layers: usize) -> GgmlDType {
-        if self == Quant::Q4_1 {
-            return if kind == "token_embd.weight" {
-                GgmlDType::Q8_0
-            } else {
-                GgmlDType::Q4_1
-            };
-        }
         let six = kind == "output.weight"
             || (self == Quant::Q4KM
                 && matches!(kind, "attn_v.weight" | "ffn_down.weight")
                 && more_bits(layer, layers));
-        match (six, self) {
-            (true, _) => GgmlDType::Q6K,
-            (false, Quant::Q4_0) => GgmlDType::Q4_0,
-            (false, Quant::Q4KM) => GgmlDType::Q4K,
-            (false, Quant::Q4_1) => unreachable!("Q4_1 returned above"),
+        match self {
+            Quant::Q4_1 if kind == "token_embd.weight" => GgmlDType::Q8_0,
+            Quant::Q4_1 => GgmlDType::Q4_1,
+            _ if six => GgmlDType::Q6K,
+            Quant::Q4_0 => GgmlDType::Q4_0,
+            Quant::Q4KM => GgmlDType::Q4K,
         }
     }
 }

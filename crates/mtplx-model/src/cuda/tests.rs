@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaSlice;
 use half::f16;
 use mtplx_kv::{KvCache, KvDtype, KvShape, KvView};
 
@@ -328,6 +329,40 @@ fn staged_copies_land_whole_and_in_order() {
     assert!(dev.write_staged(&first, &mut dst, len + 100).is_err());
 }
 
+/// One layer's cache (`kv`, its addresses) attended by query rows whose first sits at cache
+/// row `row0`, over a window of `len` positions.
+struct Attention<'a> {
+    kv: &'a CudaSlice<u64>,
+    dtype: KvDtype,
+    heads: (usize, usize, usize),
+    scale: f32,
+    len: usize,
+    row0: usize,
+}
+
+impl Attention<'_> {
+    /// The attention of query rows `first .. first + rows` of `q` (`[rows, qh, hd]` each),
+    /// in one call, as the host reads it back.
+    fn run(&self, dev: &CudaDevice, q: &[f32], first: usize, rows: usize) -> Vec<f32> {
+        let (qh, _, hd) = self.heads;
+        let at = (self.row0 + first) as u32;
+        let meta = dev.upload(&[at, at]).unwrap();
+        let qd = dev
+            .upload(&q[first * qh * hd..(first + rows) * qh * hd])
+            .unwrap();
+        let mut parts = AttendParts::new(dev, rows, self.heads, self.len).unwrap();
+        let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
+        dev.attend(
+            &qd, self.kv, self.dtype, 0, &mut parts, &mut out, self.heads, rows, &meta, self.scale,
+            self.len,
+        )
+        .unwrap();
+        let mut host = vec![0f32; rows * qh * hd];
+        dev.read(&out, 0, &mut host).unwrap();
+        host
+    }
+}
+
 /// A prefill chunk's attention (`attend_tile_h`, from 16 rows of an `f16` cache) gives each
 /// row the bits that row gets alone (a decode step's `attend_h`): rows whose context fits
 /// one part, rows whose tile straddles a part's edge (some rows with one part, some with
@@ -353,32 +388,15 @@ fn prefill_attention_tiles_give_each_rows_decode_bits() {
         let scale = 1.0 / (hd as f32).sqrt();
         for (row0, n) in [(0usize, 70usize), (200, 70), (1500, 40)] {
             let q: Vec<f32> = (0..n * qh * hd).map(|_| rng.unit() * 4.0).collect();
-            let run = |first: usize, rows: usize| -> Vec<f32> {
-                let at = (row0 + first) as u32;
-                let meta = dev.upload(&[at, at]).unwrap();
-                let qd = dev
-                    .upload(&q[first * qh * hd..(first + rows) * qh * hd])
-                    .unwrap();
-                let mut parts = AttendParts::new(&dev, rows, (qh, kvh, hd), len).unwrap();
-                let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
-                dev.attend(
-                    &qd,
-                    &kv,
-                    KvDtype::F16,
-                    0,
-                    &mut parts,
-                    &mut out,
-                    (qh, kvh, hd),
-                    rows,
-                    &meta,
-                    scale,
-                    len,
-                )
-                .unwrap();
-                let mut host = vec![0f32; rows * qh * hd];
-                dev.read(&out, 0, &mut host).unwrap();
-                host
+            let at = Attention {
+                kv: &kv,
+                dtype: KvDtype::F16,
+                heads: (qh, kvh, hd),
+                scale,
+                len,
+                row0,
             };
+            let run = |first: usize, rows: usize| at.run(&dev, &q, first, rows);
             let block = run(0, n);
             for r in 0..n {
                 let alone = run(r, 1);
@@ -437,33 +455,15 @@ fn attention_over(dev: &Arc<CudaDevice>, dtype: KvDtype) {
     let row0 = len - n;
     let q: Vec<f32> = (0..n * qh * hd).map(|_| rng.unit() * 4.0).collect();
     let scale = 1.0 / (hd as f32).sqrt();
-    let run = |rows: usize, first: usize| -> Vec<f32> {
-        let meta = dev
-            .upload(&[(row0 + first) as u32, (row0 + first) as u32])
-            .unwrap();
-        let qd = dev
-            .upload(&q[first * qh * hd..(first + rows) * qh * hd])
-            .unwrap();
-        let mut parts = AttendParts::new(dev, rows, (qh, kvh, hd), len).unwrap();
-        let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
-        dev.attend(
-            &qd,
-            &kv,
-            dtype,
-            0,
-            &mut parts,
-            &mut out,
-            (qh, kvh, hd),
-            rows,
-            &meta,
-            scale,
-            len,
-        )
-        .unwrap();
-        let mut host = vec![0f32; rows * qh * hd];
-        dev.read(&out, 0, &mut host).unwrap();
-        host
+    let at = Attention {
+        kv: &kv,
+        dtype,
+        heads: (qh, kvh, hd),
+        scale,
+        len,
+        row0,
     };
+    let run = |rows: usize, first: usize| at.run(dev, &q, first, rows);
     let block = run(n, 0);
     for r in 0..n {
         let upto = row0 + r + 1;
