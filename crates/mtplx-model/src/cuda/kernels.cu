@@ -1410,15 +1410,18 @@ __device__ __forceinline__ void attend_part(const float* q, const unsigned long 
 // each part's keys and values read from DRAM once for many rows and heads. A block takes
 // part blockIdx.z of KV head blockIdx.y for ATILE_ROWS consecutive rows of the launch
 // (blockIdx.x) and the query heads that share that KV head: it copies the part's rows of K
-// and V (f16, as the cache stores them) into shared memory, then two groups of
+// and V (f16, as the cache stores them) into shared memory, then groups of
 // ATTEND_WARPS warps (ATILE_GROUPS groups) take the (row, head) pairs in turn, each running
 // attend_part's code
 // over the copies: the same scores, reductions (a group's barrier where attend_part's
 // block has its own), sums and merge, so a row's output is the same bits whichever
 // kernel computed it. Dynamic shared memory (none static): 2 · KEYS · hd halves, then per
 // group 32 + hd + ATTEND_WARPS · hd + KEYS floats, then a flag (an int) per group.
+// Eight groups (32 warps): a block's copy takes most of a multiprocessor's shared memory,
+// so it is one block a multiprocessor; with two groups the tiles ran at half the per-row
+// kernel's speed on an H100, with eight 4-7% above it from 4K tokens (h200.md, 2026-12-06).
 #define ATILE_ROWS 16
-#define ATILE_GROUPS 2
+#define ATILE_GROUPS 8
 
 // A group's barrier: named barrier 1 + group over its 32 · ATTEND_WARPS threads.
 __device__ __forceinline__ void group_sync(int group) {

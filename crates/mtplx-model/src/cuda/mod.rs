@@ -24,6 +24,8 @@ mod mtp;
 mod pass;
 mod q8;
 mod source;
+#[cfg(test)]
+mod speed;
 mod staging;
 #[cfg(test)]
 mod tests;

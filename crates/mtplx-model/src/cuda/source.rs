@@ -105,7 +105,7 @@ pub(crate) const ATTEND_TILE_ROWS: usize = 16;
 /// Groups of [`ATTEND_WARPS`] warps in an attention tile block (`ATILE_GROUPS`; a kernel
 /// developer's source may set its own, see [`LaunchShape`]): each takes the block's (row,
 /// head) pairs in turn.
-pub(super) const ATTEND_TILE_GROUPS: u32 = 2;
+pub(super) const ATTEND_TILE_GROUPS: u32 = 8;
 /// From this many query rows attention takes `attend_tile_h` (the same bits as `attend_h`,
 /// so the choice is speed only): a decode step or verify block keeps a block per row.
 pub(crate) const ATTEND_TILE_FROM: usize = 16;

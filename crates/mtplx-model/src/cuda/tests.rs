@@ -14,7 +14,7 @@ use super::matrix::DeviceMatrix;
 use crate::kernels::{Activations, QuantFormat, QuantMatrix};
 use crate::weights::{FileData, FilePart};
 
-fn device() -> Option<Arc<CudaDevice>> {
+pub(super) fn device() -> Option<Arc<CudaDevice>> {
     match CudaDevice::open(0) {
         Ok(d) => Some(d),
         Err(e) if std::env::var_os("MTPLX_CUDA_TESTS").is_some() => {
@@ -28,17 +28,17 @@ fn device() -> Option<Arc<CudaDevice>> {
 }
 
 /// xorshift64*: the same numbers on every run.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    fn unit(&mut self) -> f32 {
+    pub(super) fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
 
@@ -49,7 +49,12 @@ impl Rng {
 
 /// `rows` random rows of `cols` values in `format`'s blocks: random bits, with the scales
 /// (and the dense formats' values) finite.
-fn random_blocks(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+pub(super) fn random_blocks(
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> Vec<u8> {
     let blocks = rows * cols / format.block_len();
     let bb = format.block_bytes();
     let mut out = Vec::with_capacity(blocks * bb);
@@ -75,7 +80,7 @@ fn random_blocks(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -
     out
 }
 
-fn matrix(
+pub(super) fn matrix(
     dev: &CudaDevice,
     format: QuantFormat,
     bytes: &[u8],

@@ -1,0 +1,150 @@
+//! A speed diagnostic, not a test of results (`#[ignore]`; run on a device with
+//! `--ignored --nocapture`): the time a decode step's kernels take one by one, at a
+//! Llama-3-8B's sizes, replayed from captured graphs (so no launch cost from the host), and
+//! the bytes each reads per second. Weights and caches are rotated over copies larger than
+//! the L2 cache, so every replay reads from device memory as a decode step does.
+
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use mtplx_kv::{KvCache, KvDtype, KvShape};
+
+use super::cache::CudaKvCache;
+use super::device::{AttendParts, CudaDevice};
+use super::tests::{device, matrix, random_blocks, Rng};
+use crate::kernels::{Activations, QuantFormat};
+
+/// Bytes a kernel's inputs span across its rotated copies: well past a 50 MB L2.
+const ROTATE_BYTES: usize = 200 << 20;
+
+/// Seconds one launch of `launch` takes, from graphs of `per_graph` launches (launch `i`
+/// gets `i`), replayed `replays` times after a warm-up.
+fn time_launches(
+    dev: &CudaDevice,
+    per_graph: usize,
+    replays: usize,
+    launch: &mut dyn FnMut(usize),
+) -> f64 {
+    let graph = dev
+        .capture(|| {
+            (0..per_graph).for_each(&mut *launch);
+            Ok(())
+        })
+        .unwrap();
+    dev.replay(&graph).unwrap();
+    dev.sync().unwrap();
+    let t = Instant::now();
+    for _ in 0..replays {
+        dev.replay(&graph).unwrap();
+    }
+    dev.sync().unwrap();
+    t.elapsed().as_secs_f64() / (per_graph * replays) as f64
+}
+
+fn line(what: &str, secs: f64, bytes: usize) {
+    println!(
+        "{what:<44} {:>8.2} us {:>8.1} MB {:>7.0} GB/s",
+        secs * 1e6,
+        bytes as f64 / 1e6,
+        bytes as f64 / secs / 1e9
+    );
+}
+
+#[test]
+#[ignore = "a speed diagnostic: prints each decode kernel's time and bandwidth"]
+fn decode_kernels_at_llama3_8b_sizes() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(11);
+    println!("device: {}", dev.name());
+    // (what, format, outputs, inputs): a Q4_K_M file's decode products.
+    let products = [
+        ("qkv Q4_K 6144x4096", QuantFormat::Q4K, 6144, 4096),
+        ("o Q4_K 4096x4096", QuantFormat::Q4K, 4096, 4096),
+        ("gate_up Q4_K 28672x4096", QuantFormat::Q4K, 28672, 4096),
+        ("down Q6_K 4096x14336", QuantFormat::Q6K, 4096, 14336),
+        ("down Q4_K 4096x14336", QuantFormat::Q4K, 4096, 14336),
+        ("head Q6_K 128256x4096", QuantFormat::Q6K, 128_256, 4096),
+    ];
+    for (what, format, rows, cols) in products {
+        let bytes = random_blocks(format, rows, cols, &mut rng);
+        let copies = ROTATE_BYTES.div_ceil(bytes.len()).max(2);
+        let ms: Vec<_> = (0..copies)
+            .map(|_| {
+                let mut m = matrix(&dev, format, &bytes, rows, cols);
+                m.activations = Activations::Q8;
+                m
+            })
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        let x = dev.upload(&x).unwrap();
+        let mut y = dev.zeros::<f32>(rows).unwrap();
+        let per = copies.max(8);
+        let secs = time_launches(&dev, per, 20, &mut |i| {
+            dev.matvec(&ms[i % copies], &x, &mut y, 1, false).unwrap()
+        });
+        line(what, secs, ms[0].bytes());
+    }
+    // Attention of one row over f16 caches of a layer's 8 KV heads of 128 values, 32 query
+    // heads, parts launched for a 34,816-position window (as the server's 8B runs do) and
+    // for the context's own length.
+    let (qh, kvh, hd) = (32usize, 8usize, 128usize);
+    for len in [512usize, 4096, 8192, 32_768] {
+        let layer_bytes = len * kvh * hd * 2 * 2;
+        let layers = ROTATE_BYTES.div_ceil(layer_bytes).clamp(2, 64);
+        let shape = KvShape {
+            layers,
+            kv_heads: kvh,
+            head_dim: hd,
+        };
+        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
+        let row: Vec<f32> = (0..len * kvh * hd).map(|_| rng.unit()).collect();
+        for l in 0..layers {
+            cache.append(l, &row, &row).unwrap();
+        }
+        let kv = dev.upload(&cache.addresses()).unwrap();
+        let at = (len - 1) as u32;
+        let meta = dev.upload(&[at, at]).unwrap();
+        let q: Vec<f32> = (0..qh * hd).map(|_| rng.unit()).collect();
+        let q = dev.upload(&q).unwrap();
+        let mut out = dev.zeros::<f32>(qh * hd).unwrap();
+        for window in [34_816usize, len] {
+            let mut parts = AttendParts::new(&dev, 1, (qh, kvh, hd), window).unwrap();
+            let secs = time_launches(&dev, layers.max(8), 20, &mut |i| {
+                dev.attend(
+                    &q,
+                    &kv,
+                    KvDtype::F16,
+                    i % layers,
+                    &mut parts,
+                    &mut out,
+                    (qh, kvh, hd),
+                    1,
+                    &meta,
+                    0.088,
+                    window,
+                )
+                .unwrap()
+            });
+            line(
+                &format!("attend_h 1 row, {len} keys, window {window}"),
+                secs,
+                layer_bytes,
+            );
+        }
+    }
+    // The small kernels of a step: their time is mostly a launch's fixed cost.
+    let h = 4096;
+    let x: CudaSlice<f32> = dev.upload(&vec![0.5f32; h]).unwrap();
+    let w: CudaSlice<f32> = dev.upload(&vec![1.0f32; h]).unwrap();
+    let mut o = dev.zeros::<f32>(h).unwrap();
+    let secs = time_launches(&dev, 64, 20, &mut |_| {
+        dev.rms_norm(&x, &w, &mut o, 1, h, 1e-5).unwrap()
+    });
+    line("rms_norm 1x4096", secs, h * 8);
+    let gu: CudaSlice<f32> = dev.upload(&vec![0.5f32; 2 * 14_336]).unwrap();
+    let mut act = dev.zeros::<f32>(14_336).unwrap();
+    let secs = time_launches(&dev, 64, 20, &mut |_| {
+        dev.silu_mul(&gu, &mut act, 1, 14_336).unwrap()
+    });
+    line("silu_mul 1x14336", secs, 14_336 * 12);
+}
