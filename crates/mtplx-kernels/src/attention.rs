@@ -34,9 +34,10 @@
 //! folds every span itself. How queries are grouped and keys split is a speed choice only:
 //! each query head's operations are the ones above, in that order.
 
+use std::any::TypeId;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::elem::KvElem;
+use crate::elem::{KvElem, Q4Group, Q8Group};
 use crate::pool::Pool;
 
 mod block;
@@ -144,11 +145,46 @@ pub fn attend_with<S: RowSource>(
     g: AttnGeometry,
     out: &mut [f32],
 ) {
-    attend_on(Isa::detect(), pool, src, q, g, out)
+    stored_as(pool, src, q, g, out)
 }
 
+// The kernel, compiled in this crate once per stored type (`stored_as` hands it a layout's
+// rows as a trait object; it asks a source for a run once a key block, so the indirect call
+// costs nothing measurable). Instantiated in the crates above for each of their row sources
+// instead, it was most of a cold build: mtplx-kv's fifteen layout x type copies, ~18 of the
+// workspace's 35 compile-minutes on two cores.
+macro_rules! kernel_per_type {
+    ($($name:ident: $t:ty),+) => {
+        fn stored_as<S: RowSource>(
+            pool: &Pool, src: &S, q: &[f32], g: AttnGeometry, out: &mut [f32],
+        ) {
+            let src: &dyn RowSource<Elem = S::Elem> = src;
+            $(if TypeId::of::<S::Elem>() == TypeId::of::<$t>() {
+                // SAFETY: `S::Elem` is `$t` (the same type id): one trait-object type.
+                let src = unsafe {
+                    std::mem::transmute_copy::<
+                        &dyn RowSource<Elem = S::Elem>,
+                        &dyn RowSource<Elem = $t>,
+                    >(&src)
+                };
+                return $name(pool, src, q, g, out);
+            })+
+            unreachable!("KvElem is sealed: every type that implements it is handled above")
+        }
+        $(#[inline(never)]
+        fn $name(
+            pool: &Pool, src: &dyn RowSource<Elem = $t>, q: &[f32], g: AttnGeometry,
+            out: &mut [f32],
+        ) {
+            attend_on(Isa::detect(), pool, src, q, g, out)
+        })+
+    };
+}
+kernel_per_type!(attend_f32: f32, attend_f16: half::f16, attend_bf16: half::bf16,
+    attend_q8: Q8Group, attend_q4: Q4Group);
+
 /// [`attend_with`] on the instruction set `isa` (tests compare them).
-fn attend_on<S: RowSource>(
+fn attend_on<S: RowSource + ?Sized>(
     isa: Isa,
     pool: &Pool,
     src: &S,
@@ -436,7 +472,7 @@ impl Isa {
 
     /// # Safety
     /// As [`item`]; `self` came from [`Isa::detect`].
-    unsafe fn run<S: RowSource>(self, src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
+    unsafe fn run<S: RowSource + ?Sized>(self, src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
         match self {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => item_avx512(src, it, out, s),
@@ -453,13 +489,13 @@ impl Isa {
 /// 16-bit K/V, whole key blocks on 512-bit vectors ([`zmm`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn item_avx512<S: RowSource>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
+unsafe fn item_avx512<S: RowSource + ?Sized>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
     item::<S, true, true>(src, it, out, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn item_avx2<S: RowSource>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
+unsafe fn item_avx2<S: RowSource + ?Sized>(src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
     item::<S, true, false>(src, it, out, s)
 }
 
@@ -522,7 +558,7 @@ unsafe fn widen<E: KvElem, const F16C: bool>(src: &[E], dst: &mut [f32]) {
 /// `out` points to the `out` of [`attend_with`] (or a slot of its span states); no other
 /// thread writes these query heads.
 #[inline(always)]
-unsafe fn item<S: RowSource, const F16C: bool, const ZMM: bool>(
+unsafe fn item<S: RowSource + ?Sized, const F16C: bool, const ZMM: bool>(
     src: &S,
     it: &Item<'_>,
     out: Dst,

@@ -159,12 +159,25 @@ impl FromStr for KvDtype {
     }
 }
 
+/// The stored types are this crate's (the attention kernel is compiled here once for each:
+/// [`crate::attention::attend_with`]).
+mod sealed {
+    pub trait Sealed {}
+}
+impl sealed::Sealed for f32 {}
+impl sealed::Sealed for half::f16 {}
+impl sealed::Sealed for half::bf16 {}
+impl sealed::Sealed for Q8Group {}
+impl sealed::Sealed for Q4Group {}
+
 /// An element type K/V rows can be stored in: one value ([`FloatElem`]) or a quantized
-/// group of [`KvElem::GROUP`] values.
+/// group of [`KvElem::GROUP`] values; only this crate's five types.
 ///
 /// `bytemuck::Pod`: a cache lends its storage as bytes ([`bytemuck::cast_slice_mut`]), which
 /// is how an SSD restore reads rows straight into it.
-pub trait KvElem: bytemuck::Pod + Default + Send + Sync + fmt::Debug + 'static {
+pub trait KvElem:
+    sealed::Sealed + bytemuck::Pod + Default + Send + Sync + fmt::Debug + 'static
+{
     const DTYPE: KvDtype;
     /// Values one element holds.
     const GROUP: usize = 1;
