@@ -1281,6 +1281,30 @@ extern "C" __global__ void qkv_post_h(QKV_POST_ARGS) {
 #define ATTEND_WARPS 4
 #define ATTEND_INFLIGHT 4
 
+// A (row, head)'s np parts (at base, hd + 2 floats each: the weighted sums of V, the
+// maximum score, the sum of exponentials) merged in part order into dst's hd values:
+// the largest maximum first, then the parts' sums rescaled to it. Thread t of `threads`
+// takes dimensions t, t + threads, ...; every attention kernel's last part merges here, so
+// the merge is one computation whichever kernel ran the parts.
+__device__ __forceinline__ void merge_parts(const float* base, int np, int hd, float* dst,
+                                            int t, int threads) {
+    float mm = NEG_INF;
+    for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
+    float ll = 0.0f;
+    for (int s = 0; s < np; s++) {
+        const float* p = base + s * (hd + 2);
+        ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
+    }
+    for (int d = t; d < hd; d += threads) {
+        float acc = 0.0f;
+        for (int s = 0; s < np; s++) {
+            const float* p = base + s * (hd + 2);
+            acc += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
+        }
+        dst[d] = acc / ll;
+    }
+}
+
 // Part s of the causal attention of query row r0 + blockIdx.x (q: [n, qh, hd]; cache row
 // row0 + that row) over cache rows s·KEYS .. min(len, (s + 1)·KEYS), len = its row + 1.
 // Grid (rows, qh, parts); a block of 32·W threads. Dynamic shared memory:
@@ -1407,21 +1431,7 @@ __device__ __forceinline__ void attend_part(const float* q, const unsigned long 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    float mm = NEG_INF;
-    for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
-    float ll = 0.0f;
-    for (int s = 0; s < np; s++) {
-        const float* p = base + s * (hd + 2);
-        ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
-    }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float t = 0.0f;
-        for (int s = 0; s < np; s++) {
-            const float* p = base + s * (hd + 2);
-            t += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
-        }
-        out[((long long)r * qh + h) * hd + d] = t / ll;
-    }
+    merge_parts(base, np, hd, out + ((long long)r * qh + h) * hd, threadIdx.x, blockDim.x);
     if (threadIdx.x == 0) *counter = 0;
 }
 
@@ -1595,21 +1605,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) a
         group_sync(group);
         if (!last[group]) continue;
         __threadfence();
-        float mm = NEG_INF;
-        for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
-        float ll = 0.0f;
-        for (int s = 0; s < np; s++) {
-            const float* p = base + s * (hd + 2);
-            ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
-        }
-        for (int d = gt; d < hd; d += gthreads) {
-            float t = 0.0f;
-            for (int s = 0; s < np; s++) {
-                const float* p = base + s * (hd + 2);
-                t += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
-            }
-            out[((long long)r * qh + h) * hd + d] = t / ll;
-        }
+        merge_parts(base, np, hd, out + ((long long)r * qh + h) * hd, gt, gthreads);
         if (gt == 0) *counter = 0;
     }
 }
@@ -1633,8 +1629,8 @@ extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) a
 // way. Each output element of an `mma` depends on its own row of A and column of B only,
 // and every step runs in the same order for every pair, so a pair's part does not depend
 // on the other pairs in its tile. The part's sums, m and l go to `part` and the last part
-// to finish for a pair merges them as `attend_part` does (a row whose context fits one
-// part writes sums / l directly).
+// to finish for a pair merges them (`merge_parts`; a row whose context fits one part
+// writes sums / l directly).
 //
 // Dynamic shared memory: two buffers each of K and V, AMMA_CHUNK rows of HD + 8 halves (16
 // bytes of padding a row, so a quad's and an `ldmatrix`'s rows fall on distinct banks).
@@ -1909,21 +1905,7 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
         int p = warp * 16 + t, i = i0 + p / G, h = g * G + p % G;
         int np = (pos0 + i + KEYS) / KEYS;
         const float* base = part + ((long long)i * qh + h) * parts * (HD + 2);
-        float mm = NEG_INF;
-        for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (HD + 2) + HD));
-        float ll = 0.0f;
-        for (int s = 0; s < np; s++) {
-            const float* pp = base + s * (HD + 2);
-            ll += __ldcg(pp + HD + 1) * expf(__ldcg(pp + HD) - mm);
-        }
-        for (int d = lane; d < HD; d += 32) {
-            float acc = 0.0f;
-            for (int s = 0; s < np; s++) {
-                const float* pp = base + s * (HD + 2);
-                acc += __ldcg(pp + d) * expf(__ldcg(pp + HD) - mm);
-            }
-            out[((long long)(r0 + i) * qh + h) * HD + d] = acc / ll;
-        }
+        merge_parts(base, np, HD, out + ((long long)(r0 + i) * qh + h) * HD, lane, 32);
         if (lane == 0) done[i * qh + h] = 0;
     }
 }
