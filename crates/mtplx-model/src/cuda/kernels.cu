@@ -1439,9 +1439,8 @@ __device__ __forceinline__ void attend_part(const float* q, const unsigned long 
 // each part's keys and values read from DRAM once for many rows and heads. A block takes
 // part blockIdx.z of KV head blockIdx.y for ATILE_ROWS consecutive rows of the launch
 // (blockIdx.x) and the query heads that share that KV head: it copies the part's rows of K
-// and V (f16, as the cache stores them) into shared memory, then groups of
-// ATTEND_WARPS warps (ATILE_GROUPS groups) take the (row, head) pairs in turn, each running
-// attend_part's code
+// and V (f16, as the cache stores them) into shared memory, then ATILE_GROUPS groups of
+// ATTEND_WARPS warps take the (row, head) pairs in turn, each running attend_part's code
 // over the copies: the same scores, reductions (a group's barrier where attend_part's
 // block has its own), sums and merge, so a row's output is the same bits whichever
 // kernel computed it. Dynamic shared memory (none static): 2 · KEYS · hd halves, then per

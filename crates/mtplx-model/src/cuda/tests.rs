@@ -32,7 +32,7 @@ pub(super) fn device() -> Option<Arc<CudaDevice>> {
 pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
+    fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
