@@ -1286,22 +1286,60 @@ extern "C" __global__ void qkv_post_h(QKV_POST_ARGS) {
 // the largest maximum first, then the parts' sums rescaled to it. Thread t of `threads`
 // takes dimensions t, t + threads, ...; every attention kernel's last part merges here, so
 // the merge is one computation whichever kernel ran the parts.
+//
+// The sums run over the parts one after another (the same terms in the same order for any
+// thread count), but the loads are taken MERGE_BATCH parts at a time, all in flight
+// together: a long context's merge was a chain of dependent L2 round trips, most of a
+// decode step's attention at 8K positions. Each thread's dimensions go MERGE_DIMS at a time;
+// the first group also sums the exponentials. Neither count changes a bit of the result
+// (the tiles' kernel, at 64 registers a thread, takes fewer at a time).
+template <int MERGE_BATCH = 8, int MERGE_DIMS = 4>
 __device__ __forceinline__ void merge_parts(const float* base, int np, int hd, float* dst,
                                             int t, int threads) {
+    const int stride = hd + 2;
     float mm = NEG_INF;
-    for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
-    float ll = 0.0f;
-    for (int s = 0; s < np; s++) {
-        const float* p = base + s * (hd + 2);
-        ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
+    for (int s0 = 0; s0 < np; s0 += MERGE_BATCH) {
+        float m[MERGE_BATCH];
+#pragma unroll
+        for (int b = 0; b < MERGE_BATCH; b++)
+            m[b] = s0 + b < np ? __ldcg(base + (s0 + b) * stride + hd) : NEG_INF;
+#pragma unroll
+        for (int b = 0; b < MERGE_BATCH; b++) mm = fmaxf(mm, m[b]);
     }
-    for (int d = t; d < hd; d += threads) {
-        float acc = 0.0f;
-        for (int s = 0; s < np; s++) {
-            const float* p = base + s * (hd + 2);
-            acc += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
+    float ll = 0.0f;
+    for (int d0 = t; d0 < hd; d0 += MERGE_DIMS * threads) {
+        bool first = d0 == t;
+        float acc[MERGE_DIMS];
+#pragma unroll
+        for (int e = 0; e < MERGE_DIMS; e++) acc[e] = 0.0f;
+        for (int s0 = 0; s0 < np; s0 += MERGE_BATCH) {
+            float m[MERGE_BATCH], l[MERGE_BATCH], v[MERGE_BATCH][MERGE_DIMS];
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; b++) {
+                const float* p = base + (s0 + b) * stride;
+                bool in = s0 + b < np;
+                m[b] = in ? __ldcg(p + hd) : 0.0f;
+                l[b] = in && first ? __ldcg(p + hd + 1) : 0.0f;
+#pragma unroll
+                for (int e = 0; e < MERGE_DIMS; e++) {
+                    int d = d0 + e * threads;
+                    v[b][e] = in && d < hd ? __ldcg(p + d) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; b++) {
+                if (s0 + b >= np) break;
+                float w = expf(m[b] - mm);
+                if (first) ll += l[b] * w;
+#pragma unroll
+                for (int e = 0; e < MERGE_DIMS; e++) acc[e] += v[b][e] * w;
+            }
         }
-        dst[d] = acc / ll;
+#pragma unroll
+        for (int e = 0; e < MERGE_DIMS; e++) {
+            int d = d0 + e * threads;
+            if (d < hd) dst[d] = acc[e] / ll;
+        }
     }
 }
 
@@ -1604,7 +1642,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) a
         group_sync(group);
         if (!last[group]) continue;
         __threadfence();
-        merge_parts(base, np, hd, out + ((long long)r * qh + h) * hd, gt, gthreads);
+        merge_parts<4, 1>(base, np, hd, out + ((long long)r * qh + h) * hd, gt, gthreads);
         if (gt == 0) *counter = 0;
     }
 }
@@ -1845,63 +1883,75 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
         // The buffer just read is refilled by the next chunk's copies.
         __syncthreads();
     }
-    if (!busy) return;
-    // The pairs' parts: straight to out where a row's context is this one part, else to
-    // `part`, counted, and merged by the last.
-    int npa = (posa + KEYS) / KEYS, npb = (posb + KEYS) / KEYS;
-    int ha = g * G + pa % G, hb = g * G + pb % G;
-    float* ba = part + ((long long)ia * qh + ha) * parts * (HD + 2);
-    float* bb = part + ((long long)ib * qh + hb) * parts * (HD + 2);
+    // Which of the block's pairs finished last here: bit 4t of word 0 (1) of a warp's entry,
+    // its tile row t's (t + 8's) pair. Every warp takes a share of the merges below.
+    __shared__ unsigned amma_last[AMMA_WARPS][2];
+    unsigned last_a = 0, last_b = 0;
+    if (busy) {
+        // The pairs' parts: straight to out where a row's context is this one part, else to
+        // `part`, counted, and merged by the last.
+        int npa = (posa + KEYS) / KEYS, npb = (posb + KEYS) / KEYS;
+        int ha = g * G + pa % G, hb = g * G + pb % G;
+        float* ba = part + ((long long)ia * qh + ha) * parts * (HD + 2);
+        float* bb = part + ((long long)ib * qh + hb) * parts * (HD + 2);
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) {
-        int dim = 8 * d + 2 * cq;
-        if (ina) {
-            if (npa == 1) {
-                float* dst = out + ((long long)(r0 + ia) * qh + ha) * HD + dim;
-                dst[0] = o[d][0] / la;
-                dst[1] = o[d][1] / la;
-            } else {
-                ba[ps * (HD + 2) + dim] = o[d][0];
-                ba[ps * (HD + 2) + dim + 1] = o[d][1];
+        for (int d = 0; d < HD / 8; d++) {
+            int dim = 8 * d + 2 * cq;
+            if (ina) {
+                if (npa == 1) {
+                    float* dst = out + ((long long)(r0 + ia) * qh + ha) * HD + dim;
+                    dst[0] = o[d][0] / la;
+                    dst[1] = o[d][1] / la;
+                } else {
+                    ba[ps * (HD + 2) + dim] = o[d][0];
+                    ba[ps * (HD + 2) + dim + 1] = o[d][1];
+                }
+            }
+            if (inb) {
+                if (npb == 1) {
+                    float* dst = out + ((long long)(r0 + ib) * qh + hb) * HD + dim;
+                    dst[0] = o[d][2] / lb;
+                    dst[1] = o[d][3] / lb;
+                } else {
+                    bb[ps * (HD + 2) + dim] = o[d][2];
+                    bb[ps * (HD + 2) + dim + 1] = o[d][3];
+                }
             }
         }
-        if (inb) {
-            if (npb == 1) {
-                float* dst = out + ((long long)(r0 + ib) * qh + hb) * HD + dim;
-                dst[0] = o[d][2] / lb;
-                dst[1] = o[d][3] / lb;
-            } else {
-                bb[ps * (HD + 2) + dim] = o[d][2];
-                bb[ps * (HD + 2) + dim + 1] = o[d][3];
+        if (cq == 0) {
+            if (ina && npa > 1) {
+                ba[ps * (HD + 2) + HD] = ma;
+                ba[ps * (HD + 2) + HD + 1] = la;
+            }
+            if (inb && npb > 1) {
+                bb[ps * (HD + 2) + HD] = mb;
+                bb[ps * (HD + 2) + HD + 1] = lb;
             }
         }
-    }
-    if (cq == 0) {
-        if (ina && npa > 1) {
-            ba[ps * (HD + 2) + HD] = ma;
-            ba[ps * (HD + 2) + HD + 1] = la;
+        // Publish, then count: a quad's first lane counts its two pairs.
+        __threadfence();
+        __syncwarp();
+        bool lasta = false, lastb = false;
+        if (cq == 0) {
+            if (ina && npa > 1) lasta = atomicAdd(done + ia * qh + ha, 1) == npa - 1;
+            if (inb && npb > 1) lastb = atomicAdd(done + ib * qh + hb, 1) == npb - 1;
         }
-        if (inb && npb > 1) {
-            bb[ps * (HD + 2) + HD] = mb;
-            bb[ps * (HD + 2) + HD + 1] = lb;
-        }
+        last_a = __ballot_sync(FULL_MASK, lasta);
+        last_b = __ballot_sync(FULL_MASK, lastb);
     }
-    // Publish, then count: a quad's first lane counts its two pairs.
-    __threadfence();
-    __syncwarp();
-    bool lasta = false, lastb = false;
-    if (cq == 0) {
-        if (ina && npa > 1) lasta = atomicAdd(done + ia * qh + ha, 1) == npa - 1;
-        if (inb && npb > 1) lastb = atomicAdd(done + ib * qh + hb, 1) == npb - 1;
+    if (lane == 0) {
+        amma_last[warp][0] = last_a;
+        amma_last[warp][1] = last_b;
     }
-    // Bit 4t of each mask: tile row t's pair (a) or t + 8's (b) finished last here.
-    unsigned last_a = __ballot_sync(FULL_MASK, lasta), last_b = __ballot_sync(FULL_MASK, lastb);
-    if ((last_a | last_b) == 0) return;
+    __syncthreads();
     __threadfence();
-    for (int t = 0; t < 16; t++) {
-        bool mine = t < 8 ? (last_a >> (4 * t)) & 1 : (last_b >> (4 * (t - 8))) & 1;
-        if (!mine) continue;
-        int p = warp * 16 + t, i = i0 + p / G, h = g * G + p % G;
+    // Pair p merged by warp p mod AMMA_WARPS: a decode step's G pairs (all in warp 0's tile)
+    // merge side by side instead of one after another.
+    for (int p = warp; p < AMMA_PAIRS; p += AMMA_WARPS) {
+        int t = p % 16;
+        unsigned mask = amma_last[p / 16][t < 8 ? 0 : 1];
+        if (!((mask >> (4 * (t % 8))) & 1)) continue;
+        int i = i0 + p / G, h = g * G + p % G;
         int np = (pos0 + i + KEYS) / KEYS;
         const float* base = part + ((long long)i * qh + h) * parts * (HD + 2);
         merge_parts(base, np, HD, out + ((long long)(r0 + i) * qh + h) * HD, lane, 32);
