@@ -16,13 +16,15 @@ pub(crate) use super::fault::device_error;
 use super::matrix::{DeviceMatrix, Upload};
 use super::q8::Q8Kernels;
 use super::source::{
-    compile_source, quietly, source, LaunchShape, WeightCode, ATTEND_KEYS, ATTEND_ROWS,
-    ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS,
-    MAX_SHARED_BYTES, QKV_THREADS, ROW_THREADS,
+    attend_mma_shared, compile_source, quietly, source, LaunchShape, WeightCode, ATTEND_KEYS,
+    ATTEND_MMA_HEADS, ATTEND_ROWS, MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS,
+    QKV_THREADS, ROW_THREADS,
 };
 use super::staging::Staging;
 use crate::error::{ModelError, Result};
 use crate::kernels::Activations;
+
+pub(super) mod attention;
 
 struct Kernels {
     embed: CudaFunction,
@@ -53,6 +55,9 @@ struct KvKernels {
     /// A prefill chunk's attention, each part's rows read once for many rows and heads
     /// (`f16` caches, where the source has it).
     attend_tile: Option<CudaFunction>,
+    /// Attention on tensor cores by head size (`f16` caches on sm_80 and later; none in
+    /// an older source or with `MTPLX_CUDA_ATTEND_MMA=0`): taken for every row count.
+    attend_mma: Vec<(usize, CudaFunction)>,
 }
 
 /// A CUDA device with the backend's kernels loaded. Every launch and copy goes to one
@@ -147,6 +152,7 @@ impl CudaDevice {
                 qkv_post: f("qkv_post")?,
                 attend: f("attend")?,
                 attend_tile: None,
+                attend_mma: Vec::new(),
             },
             kv_f16: match module.load_function("attend_h") {
                 Ok(attend) => Some(KvKernels {
@@ -163,6 +169,25 @@ impl CudaDevice {
                         )
                         .is_ok()
                     }),
+                    // Where its shared memory can be set (and not with
+                    // MTPLX_CUDA_ATTEND_MMA=0, to time the kernels above in one binary).
+                    attend_mma: if std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
+                    {
+                        ATTEND_MMA_HEADS
+                            .iter()
+                            .filter_map(|&hd| {
+                                let func = module.load_function(&format!("attend_mma_{hd}")).ok()?;
+                                func.set_attribute(
+                                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    attend_mma_shared(hd) as i32,
+                                )
+                                .ok()?;
+                                Some((hd, func))
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                 }),
                 Err(_) => None,
             },
@@ -574,112 +599,6 @@ impl CudaDevice {
         unsafe { b.launch(rows(n, QKV_THREADS, 0)) }
             .map(drop)
             .map_err(|e| device_error("qkv_post", e))
-    }
-
-    /// Shared memory of an attention part's block.
-    fn attend_shared_bytes(&self, head_dim: usize) -> Result<u32> {
-        let warps = self.k.shape.attend_warps as usize;
-        if !head_dim.is_multiple_of(4) {
-            return Err(ModelError::Device(format!(
-                "heads of {head_dim} values: the CUDA backend needs a multiple of 4"
-            )));
-        }
-        let shared = (32 + head_dim + warps * head_dim + ATTEND_KEYS) * 4;
-        if shared > MAX_SHARED_BYTES {
-            return Err(ModelError::Device(format!(
-                "heads of {head_dim} values need {shared} bytes of shared memory; the CUDA \
-                 backend supports up to {MAX_SHARED_BYTES}"
-            )));
-        }
-        Ok(shared as u32)
-    }
-
-    /// Causal attention of `n` query rows over the layer's cache rows, in parts of
-    /// [`ATTEND_KEYS`] positions (as many as `max_len` needs: the launch's shape does not
-    /// change with the context, so a captured pass replays at any length), merged in order
-    /// by the last part of each row and head to finish.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attend(
-        &self,
-        q: &CudaSlice<f32>,
-        kv: &CudaSlice<u64>,
-        kv_dtype: KvDtype,
-        layer: usize,
-        parts: &mut AttendParts,
-        out: &mut CudaSlice<f32>,
-        heads: (usize, usize, usize),
-        n: usize,
-        meta: &CudaSlice<u32>,
-        scale: f32,
-        max_len: usize,
-    ) -> Result<()> {
-        let (qh, kvh, hd) = heads;
-        let shared = self.attend_shared_bytes(hd)?;
-        let kernels = self.kv_kernels(kv_dtype)?;
-        let warps = self.k.shape.attend_warps;
-        // A prefill chunk's rows share each part's keys and values (`attend_tile_h`): the
-        // same bits as `attend`'s blocks, one copy of the keys for many rows and heads.
-        let groups = self.k.shape.tile_groups;
-        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + groups as usize * (shared as usize + 4);
-        let tile = kernels.attend_tile.as_ref().filter(|_| {
-            n >= ATTEND_TILE_FROM
-                && hd.is_multiple_of(8)
-                && qh.is_multiple_of(kvh)
-                && tile_shared <= self.k.shared_limit
-        });
-        let count = max_len.div_ceil(ATTEND_KEYS);
-        let (qhi, kvhi, hdi) = (qh as i32, kvh as i32, hd as i32);
-        let (li, pi) = (layer as i32, count as i32);
-        let mut r0 = 0;
-        while r0 < n {
-            let rows_now = (n - r0).min(ATTEND_ROWS);
-            let r0i = r0 as i32;
-            let kernel = tile.unwrap_or(&kernels.attend);
-            let mut b = self.stream.launch_builder(kernel);
-            b.arg(q)
-                .arg(kv)
-                .arg(&li)
-                .arg(&mut parts.values)
-                .arg(&mut parts.done)
-                .arg(&mut *out)
-                .arg(&qhi)
-                .arg(&kvhi)
-                .arg(&hdi)
-                .arg(meta)
-                .arg(&scale)
-                .arg(&r0i)
-                .arg(&pi);
-            let rows_i = rows_now as i32;
-            let cfg = if tile.is_some() {
-                b.arg(&rows_i);
-                LaunchConfig {
-                    grid_dim: (
-                        rows_now.div_ceil(ATTEND_TILE_ROWS) as u32,
-                        kvh as u32,
-                        count as u32,
-                    ),
-                    block_dim: (32 * warps * groups, 1, 1),
-                    shared_mem_bytes: tile_shared as u32,
-                }
-            } else {
-                LaunchConfig {
-                    grid_dim: (rows_now as u32, qh as u32, count as u32),
-                    block_dim: (32 * warps, 1, 1),
-                    shared_mem_bytes: shared,
-                }
-            };
-            // SAFETY: q and out hold n × qh × hd; the caches hold pos0 + n rows of kvh × hd
-            // (at most max_len); `parts` was made for these heads and max_len
-            // ([`AttendParts::new`]), its counters all 0 between launches. A tile block's
-            // shared memory holds a part's K and V rows of one head (`f16`, hd a multiple
-            // of 8 for its 16-byte copies) and its groups' buffers, within the limit set at
-            // load; qh is a multiple of kvh.
-            unsafe { b.launch(cfg) }
-                .map(drop)
-                .map_err(|e| device_error("attend", e))?;
-            r0 += rows_now;
-        }
-        Ok(())
     }
 
     /// Records the launches `body` queues (and nothing else: no copies, no waits) as a

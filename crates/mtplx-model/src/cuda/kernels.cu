@@ -336,15 +336,34 @@ extern "C" __global__ void embed(const unsigned* meta, const u8* table, int fmt,
 }
 
 // RMSNorm of rows of `d` values; one block per row.
+// Thread t sums the squares of values t, t + blockDim.x, ... in that order, then the block's
+// fixed tree. The first NORM_HELD of a thread's values are loaded together into registers
+// (a row's loads in flight at once, not one after another) and reused for the output.
+#define NORM_HELD 16
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d,
                                     float eps) {
     __shared__ float red[32];
     const float* row = x + (long long)blockIdx.x * d;
     float* o = out + (long long)blockIdx.x * d;
+    int step = blockDim.x;
+    float v[NORM_HELD];
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; u++) {
+        int j = threadIdx.x + u * step;
+        v[u] = j < d ? row[j] : 0.0f;
+    }
     float s = 0.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) s = __fmaf_rn(row[j], row[j], s);
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; u++)
+        if (threadIdx.x + u * step < d) s = __fmaf_rn(v[u], v[u], s);
+    for (int j = threadIdx.x + NORM_HELD * step; j < d; j += step) s = __fmaf_rn(row[j], row[j], s);
     float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = row[j] * inv * w[j];
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; u++) {
+        int j = threadIdx.x + u * step;
+        if (j < d) o[j] = v[u] * inv * w[j];
+    }
+    for (int j = threadIdx.x + NORM_HELD * step; j < d; j += step) o[j] = row[j] * inv * w[j];
 }
 
 // t plus a chunk's 32 products w[i] · x[i], x at xs (16-byte aligned), in value order:
@@ -1262,6 +1281,70 @@ extern "C" __global__ void qkv_post_h(QKV_POST_ARGS) {
 #define ATTEND_WARPS 4
 #define ATTEND_INFLIGHT 4
 
+// A (row, head)'s np parts (at base, hd + 2 floats each: the weighted sums of V, the
+// maximum score, the sum of exponentials) merged in part order into dst's hd values:
+// the largest maximum first, then the parts' sums rescaled to it. Thread t of `threads`
+// takes dimensions t, t + threads, ...; every attention kernel's last part merges here, so
+// the merge is one computation whichever kernel ran the parts.
+//
+// The sums run over the parts one after another (the same terms in the same order for any
+// thread count), but the loads are taken MERGE_BATCH parts at a time, all in flight
+// together: a long context's merge was a chain of dependent L2 round trips, most of a
+// decode step's attention at 8K positions. Each thread's dimensions go MERGE_DIMS at a time;
+// the first group also sums the exponentials. Neither count changes a bit of the result;
+// the per-row and tile kernels take 4 parts and one dimension at a time (their occupancy
+// hides their latency: the tensor-core kernel's 8 x 4 took the per-row kernel from 53 to
+// 111 registers and its decode step at 8K positions from 41 to 58 us on an H100).
+template <int MERGE_BATCH = 8, int MERGE_DIMS = 4>
+__device__ __forceinline__ void merge_parts(const float* base, int np, int hd, float* dst,
+                                            int t, int threads) {
+    const int stride = hd + 2;
+    float mm = NEG_INF;
+    for (int s0 = 0; s0 < np; s0 += MERGE_BATCH) {
+        float m[MERGE_BATCH];
+#pragma unroll
+        for (int b = 0; b < MERGE_BATCH; b++)
+            m[b] = s0 + b < np ? __ldcg(base + (s0 + b) * stride + hd) : NEG_INF;
+#pragma unroll
+        for (int b = 0; b < MERGE_BATCH; b++) mm = fmaxf(mm, m[b]);
+    }
+    float ll = 0.0f;
+    for (int d0 = t; d0 < hd; d0 += MERGE_DIMS * threads) {
+        bool first = d0 == t;
+        float acc[MERGE_DIMS];
+#pragma unroll
+        for (int e = 0; e < MERGE_DIMS; e++) acc[e] = 0.0f;
+        for (int s0 = 0; s0 < np; s0 += MERGE_BATCH) {
+            float m[MERGE_BATCH], l[MERGE_BATCH], v[MERGE_BATCH][MERGE_DIMS];
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; b++) {
+                const float* p = base + (s0 + b) * stride;
+                bool in = s0 + b < np;
+                m[b] = in ? __ldcg(p + hd) : 0.0f;
+                l[b] = in && first ? __ldcg(p + hd + 1) : 0.0f;
+#pragma unroll
+                for (int e = 0; e < MERGE_DIMS; e++) {
+                    int d = d0 + e * threads;
+                    v[b][e] = in && d < hd ? __ldcg(p + d) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; b++) {
+                if (s0 + b >= np) break;
+                float w = expf(m[b] - mm);
+                if (first) ll += l[b] * w;
+#pragma unroll
+                for (int e = 0; e < MERGE_DIMS; e++) acc[e] += v[b][e] * w;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < MERGE_DIMS; e++) {
+            int d = d0 + e * threads;
+            if (d < hd) dst[d] = acc[e] / ll;
+        }
+    }
+}
+
 // Part s of the causal attention of query row r0 + blockIdx.x (q: [n, qh, hd]; cache row
 // row0 + that row) over cache rows s·KEYS .. min(len, (s + 1)·KEYS), len = its row + 1.
 // Grid (rows, qh, parts); a block of 32·W threads. Dynamic shared memory:
@@ -1388,21 +1471,7 @@ __device__ __forceinline__ void attend_part(const float* q, const unsigned long 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    float mm = NEG_INF;
-    for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
-    float ll = 0.0f;
-    for (int s = 0; s < np; s++) {
-        const float* p = base + s * (hd + 2);
-        ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
-    }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float t = 0.0f;
-        for (int s = 0; s < np; s++) {
-            const float* p = base + s * (hd + 2);
-            t += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
-        }
-        out[((long long)r * qh + h) * hd + d] = t / ll;
-    }
+    merge_parts<4, 1>(base, np, hd, out + ((long long)r * qh + h) * hd, threadIdx.x, blockDim.x);
     if (threadIdx.x == 0) *counter = 0;
 }
 
@@ -1575,24 +1644,334 @@ extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) a
         group_sync(group);
         if (!last[group]) continue;
         __threadfence();
-        float mm = NEG_INF;
-        for (int s = 0; s < np; s++) mm = fmaxf(mm, __ldcg(base + s * (hd + 2) + hd));
-        float ll = 0.0f;
-        for (int s = 0; s < np; s++) {
-            const float* p = base + s * (hd + 2);
-            ll += __ldcg(p + hd + 1) * expf(__ldcg(p + hd) - mm);
-        }
-        for (int d = gt; d < hd; d += gthreads) {
-            float t = 0.0f;
-            for (int s = 0; s < np; s++) {
-                const float* p = base + s * (hd + 2);
-                t += __ldcg(p + d) * expf(__ldcg(p + hd) - mm);
-            }
-            out[((long long)r * qh + h) * hd + d] = t / ll;
-        }
+        merge_parts<4, 1>(base, np, hd, out + ((long long)r * qh + h) * hd, gt, gthreads);
         if (gt == 0) *counter = 0;
     }
 }
+
+// Attention on tensor cores (f16 caches, sm_80 and later): every query row of a launch,
+// a decode step's one row as a prefill chunk's many, goes through this kernel when the
+// device has it, so a row's output is the same bits however many rows share its launch.
+//
+// A block takes part blockIdx.z (cache rows s·KEYS .. (s + 1)·KEYS) of KV head blockIdx.y
+// for the (row, head) pairs of AMMA_ROWS(G) = 64 / G consecutive rows of the launch
+// (blockIdx.x) and the G query heads that share the KV head: pair p is row p / G, head
+// p % G, and warp w computes pairs 16 w .. 16 w + 15 as the rows of its `mma` tiles (a
+// decode step: one row, G pairs, the other rows of the tile zero and never stored). The
+// part's K and V rows come into shared memory AMMA_CHUNK at a time (`cp.async`, the next
+// chunk's copy in flight while this one is computed; rows past the block's last key are
+// zeros). For each chunk in order, a pair's scores are q · k from `mma.m16n8k16` on f16
+// (q split into two halves, q = hi + lo, both multiplied, so the scores keep q's f32
+// precision: the keys are f16 as stored), times `scale`; then its running maximum m, the
+// sum l of exp(score − m) (its lanes' values in a fixed order, then the quad's), the
+// weighted sums of V rescaled by exp(m_old − m), and p · V from `mma` with p split the same
+// way. Each output element of an `mma` depends on its own row of A and column of B only,
+// and every step runs in the same order for every pair, so a pair's part does not depend
+// on the other pairs in its tile. The part's sums, m and l go to `part` and the last part
+// to finish for a pair merges them (`merge_parts`; a row whose context fits one part
+// writes sums / l directly).
+//
+// Dynamic shared memory: two buffers each of K and V, AMMA_CHUNK rows of HD + 8 halves (16
+// bytes of padding a row, so a quad's and an `ldmatrix`'s rows fall on distinct banks).
+#define AMMA_WARPS 4
+#define AMMA_CHUNK 64
+// 16 · AMMA_WARPS
+#define AMMA_PAIRS 64
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// D = A · B + D for a 16 × 16 A (f16, row-major fragments) and a 16 × 8 B (f16, by column).
+__device__ __forceinline__ void mma_f16(const unsigned* a, unsigned b0, unsigned b1, float* d) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8 × 8 matrices of halves from shared memory, transposed: the rows lanes 8m .. 8m + 7
+// point at become matrix m's columns (fragment b[m]).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* b, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(shared_address(row)));
+}
+
+// 16 bytes from src, or zeros when !in (src must still be a valid address).
+__device__ __forceinline__ void copy16_or_zero(void* dst, const void* src, bool in) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(in ? 16 : 0));
+}
+
+__device__ __forceinline__ unsigned short f16_of(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+// Two floats as two pairs of halves: x ≈ hi + lo (hi the nearest half, lo the nearest half
+// of the exact remainder), a in the low 16 bits of each word.
+__device__ __forceinline__ void split_pair(float a, float b, unsigned* hi, unsigned* lo) {
+    unsigned short ha = f16_of(a), hb = f16_of(b);
+    unsigned short la = f16_of(a - half_bits(ha)), lb = f16_of(b - half_bits(hb));
+    *hi = (unsigned)ha | ((unsigned)hb << 16);
+    *lo = (unsigned)la | ((unsigned)lb << 16);
+}
+
+// Rows j .. j + AMMA_CHUNK − 1 of KV head g's K and V into sk and sv (HD + 8 halves a row);
+// rows at or past kend are zeros.
+template <int HD>
+__device__ __forceinline__ void amma_load(unsigned short* sk, unsigned short* sv,
+                                          const unsigned short* kc, const unsigned short* vc,
+                                          int kvd, int g, int j, int kend) {
+    const int per = HD / 8;
+    for (int t = threadIdx.x; t < AMMA_CHUNK * per; t += blockDim.x) {
+        int r = t / per, p = t - r * per;
+        bool in = j + r < kend;
+        long long off = (long long)(in ? j + r : j) * kvd + g * HD + 8 * p;
+        copy16_or_zero(sk + r * (HD + 8) + 8 * p, kc + off, in);
+        copy16_or_zero(sv + r * (HD + 8) + 8 * p, vc + off, in);
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void attend_mma_body(const float* q, const unsigned long long* kv,
+                                                int layer, float* part, int* done, float* out,
+                                                int qh, int kvh, const unsigned* meta,
+                                                float scale, int r0, int parts, int nrows) {
+    typedef unsigned short KV;
+    const int STRIDE = HD + 8;
+    extern __shared__ int4 amma_sh[];
+    KV* sk = reinterpret_cast<KV*>(amma_sh);
+    KV* sv = sk + 2 * AMMA_CHUNK * STRIDE;
+    const KV* kc = (const KV*)kv[2 * layer];
+    const KV* vc = (const KV*)kv[2 * layer + 1];
+    int G = qh / kvh, g = blockIdx.y, ps = blockIdx.z, kvd = kvh * HD;
+    int rows_blk = AMMA_PAIRS / G, npairs = rows_blk * G;
+    int i0 = blockIdx.x * rows_blk, i1 = min(nrows, i0 + rows_blk);
+    int j0 = ps * KEYS;
+    // Launch row i is cache row pos0 + i; the block's last row sees the most keys.
+    int pos0 = (int)meta[0] + r0;
+    int kend = min(j0 + KEYS, pos0 + i1);
+    if (j0 >= kend) return;
+    int chunks = (kend - j0 + AMMA_CHUNK - 1) / AMMA_CHUNK;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
+    // The lane's two pairs: tile rows gq (a) and gq + 8 (b).
+    int pa = warp * 16 + gq, pb = pa + 8;
+    int ia = i0 + pa / G, ib = i0 + pb / G;
+    bool va = pa < npairs && ia < i1, vb = pb < npairs && ib < i1;
+    int posa = pos0 + ia, posb = pos0 + ib;
+    bool ina = va && j0 <= posa, inb = vb && j0 <= posb;
+    bool busy = __any_sync(FULL_MASK, ina || inb);
+    // q's fragments for each 16 dimensions, as hi and lo halves (zeros for unused rows).
+    unsigned qhi[HD / 16][4], qlo[HD / 16][4];
+    {
+        const float* qa = q + ((long long)(r0 + ia) * qh + g * G + pa % G) * HD + 2 * cq;
+        const float* qb = q + ((long long)(r0 + ib) * qh + g * G + pb % G) * HD + 2 * cq;
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) {
+            float2 z = make_float2(0.0f, 0.0f);
+            float2 a0 = va ? *reinterpret_cast<const float2*>(qa + 16 * k) : z;
+            float2 a1 = va ? *reinterpret_cast<const float2*>(qa + 16 * k + 8) : z;
+            float2 b0 = vb ? *reinterpret_cast<const float2*>(qb + 16 * k) : z;
+            float2 b1 = vb ? *reinterpret_cast<const float2*>(qb + 16 * k + 8) : z;
+            split_pair(a0.x, a0.y, &qhi[k][0], &qlo[k][0]);
+            split_pair(b0.x, b0.y, &qhi[k][1], &qlo[k][1]);
+            split_pair(a1.x, a1.y, &qhi[k][2], &qlo[k][2]);
+            split_pair(b1.x, b1.y, &qhi[k][3], &qlo[k][3]);
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
+    amma_load<HD>(sk, sv, kc, vc, kvd, g, j0, kend);
+    copies_commit();
+    for (int c = 0; c < chunks; c++) {
+        if (c + 1 < chunks) {
+            int nb = (c + 1) & 1;
+            amma_load<HD>(sk + nb * AMMA_CHUNK * STRIDE, sv + nb * AMMA_CHUNK * STRIDE, kc, vc,
+                          kvd, g, j0 + (c + 1) * AMMA_CHUNK, kend);
+        }
+        copies_commit();
+        copies_wait<1>();
+        __syncthreads();
+        if (busy) {
+            const KV* ks = sk + (c & 1) * AMMA_CHUNK * STRIDE;
+            const KV* vs = sv + (c & 1) * AMMA_CHUNK * STRIDE;
+            int jc = j0 + c * AMMA_CHUNK;
+            float s[AMMA_CHUNK / 8][4];
+#pragma unroll
+            for (int n = 0; n < AMMA_CHUNK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++) {
+#pragma unroll
+                for (int n = 0; n < AMMA_CHUNK / 8; n++) {
+                    const KV* kr = ks + (8 * n + gq) * STRIDE + 16 * k + 2 * cq;
+                    unsigned b0 = *reinterpret_cast<const unsigned*>(kr);
+                    unsigned b1 = *reinterpret_cast<const unsigned*>(kr + 8);
+                    mma_f16(qhi[k], b0, b1, s[n]);
+                    mma_f16(qlo[k], b0, b1, s[n]);
+                }
+            }
+            // Scaled, masked (a key past the pair's own row: −inf), the chunk's maxima.
+            float xa = NEG_INF, xb = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < AMMA_CHUNK / 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int key = jc + 8 * n + 2 * cq + e;
+                    s[n][e] = key <= posa ? s[n][e] * scale : NEG_INF;
+                    s[n][2 + e] = key <= posb ? s[n][2 + e] * scale : NEG_INF;
+                    xa = fmaxf(xa, s[n][e]);
+                    xb = fmaxf(xb, s[n][2 + e]);
+                }
+            }
+            xa = fmaxf(xa, __shfl_xor_sync(FULL_MASK, xa, 1));
+            xa = fmaxf(xa, __shfl_xor_sync(FULL_MASK, xa, 2));
+            xb = fmaxf(xb, __shfl_xor_sync(FULL_MASK, xb, 1));
+            xb = fmaxf(xb, __shfl_xor_sync(FULL_MASK, xb, 2));
+            float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            // A pair with no key yet keeps its zeros (and never exp(−inf − −inf)).
+            float ra = na == NEG_INF ? 1.0f : expf(ma - na);
+            float rb = nb == NEG_INF ? 1.0f : expf(mb - nb);
+            float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+            for (int n = 0; n < AMMA_CHUNK / 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float ea = na == NEG_INF ? 0.0f : expf(s[n][e] - na);
+                    float eb = nb == NEG_INF ? 0.0f : expf(s[n][2 + e] - nb);
+                    s[n][e] = ea;
+                    s[n][2 + e] = eb;
+                    sa += ea;
+                    sb += eb;
+                }
+            }
+            sa += __shfl_xor_sync(FULL_MASK, sa, 1);
+            sa += __shfl_xor_sync(FULL_MASK, sa, 2);
+            sb += __shfl_xor_sync(FULL_MASK, sb, 1);
+            sb += __shfl_xor_sync(FULL_MASK, sb, 2);
+            la = __fmaf_rn(la, ra, sa);
+            lb = __fmaf_rn(lb, rb, sb);
+            ma = na;
+            mb = nb;
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++) {
+                o[d][0] *= ra;
+                o[d][1] *= ra;
+                o[d][2] *= rb;
+                o[d][3] *= rb;
+            }
+            // p · V, 16 keys at a time: the scores' fragments are the A fragments.
+#pragma unroll
+            for (int k = 0; k < AMMA_CHUNK / 16; k++) {
+                unsigned phi[4], plo[4];
+                split_pair(s[2 * k][0], s[2 * k][1], &phi[0], &plo[0]);
+                split_pair(s[2 * k][2], s[2 * k][3], &phi[1], &plo[1]);
+                split_pair(s[2 * k + 1][0], s[2 * k + 1][1], &phi[2], &plo[2]);
+                split_pair(s[2 * k + 1][2], s[2 * k + 1][3], &phi[3], &plo[3]);
+                const KV* vrow = vs + (16 * k + (lane & 7) + ((lane >> 3) & 1) * 8) * STRIDE +
+                                 (lane >> 4) * 8;
+#pragma unroll
+                for (int d = 0; d < HD / 8; d += 2) {
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, vrow + 8 * d);
+                    mma_f16(phi, b[0], b[1], o[d]);
+                    mma_f16(plo, b[0], b[1], o[d]);
+                    mma_f16(phi, b[2], b[3], o[d + 1]);
+                    mma_f16(plo, b[2], b[3], o[d + 1]);
+                }
+            }
+        }
+        // The buffer just read is refilled by the next chunk's copies.
+        __syncthreads();
+    }
+    // Which of the block's pairs finished last here: bit 4t of word 0 (1) of a warp's entry,
+    // its tile row t's (t + 8's) pair. Every warp takes a share of the merges below.
+    __shared__ unsigned amma_last[AMMA_WARPS][2];
+    unsigned last_a = 0, last_b = 0;
+    if (busy) {
+        // The pairs' parts: straight to out where a row's context is this one part, else to
+        // `part`, counted, and merged by the last.
+        int npa = (posa + KEYS) / KEYS, npb = (posb + KEYS) / KEYS;
+        int ha = g * G + pa % G, hb = g * G + pb % G;
+        float* ba = part + ((long long)ia * qh + ha) * parts * (HD + 2);
+        float* bb = part + ((long long)ib * qh + hb) * parts * (HD + 2);
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            int dim = 8 * d + 2 * cq;
+            if (ina) {
+                if (npa == 1) {
+                    float* dst = out + ((long long)(r0 + ia) * qh + ha) * HD + dim;
+                    dst[0] = o[d][0] / la;
+                    dst[1] = o[d][1] / la;
+                } else {
+                    ba[ps * (HD + 2) + dim] = o[d][0];
+                    ba[ps * (HD + 2) + dim + 1] = o[d][1];
+                }
+            }
+            if (inb) {
+                if (npb == 1) {
+                    float* dst = out + ((long long)(r0 + ib) * qh + hb) * HD + dim;
+                    dst[0] = o[d][2] / lb;
+                    dst[1] = o[d][3] / lb;
+                } else {
+                    bb[ps * (HD + 2) + dim] = o[d][2];
+                    bb[ps * (HD + 2) + dim + 1] = o[d][3];
+                }
+            }
+        }
+        if (cq == 0) {
+            if (ina && npa > 1) {
+                ba[ps * (HD + 2) + HD] = ma;
+                ba[ps * (HD + 2) + HD + 1] = la;
+            }
+            if (inb && npb > 1) {
+                bb[ps * (HD + 2) + HD] = mb;
+                bb[ps * (HD + 2) + HD + 1] = lb;
+            }
+        }
+        // Publish, then count: a quad's first lane counts its two pairs.
+        __threadfence();
+        __syncwarp();
+        bool lasta = false, lastb = false;
+        if (cq == 0) {
+            if (ina && npa > 1) lasta = atomicAdd(done + ia * qh + ha, 1) == npa - 1;
+            if (inb && npb > 1) lastb = atomicAdd(done + ib * qh + hb, 1) == npb - 1;
+        }
+        last_a = __ballot_sync(FULL_MASK, lasta);
+        last_b = __ballot_sync(FULL_MASK, lastb);
+    }
+    if (lane == 0) {
+        amma_last[warp][0] = last_a;
+        amma_last[warp][1] = last_b;
+    }
+    __syncthreads();
+    __threadfence();
+    // Pair p merged by warp p mod AMMA_WARPS: a decode step's G pairs (all in warp 0's tile)
+    // merge side by side instead of one after another.
+    for (int p = warp; p < AMMA_PAIRS; p += AMMA_WARPS) {
+        int t = p % 16;
+        unsigned mask = amma_last[p / 16][t < 8 ? 0 : 1];
+        if (!((mask >> (4 * (t % 8))) & 1)) continue;
+        int i = i0 + p / G, h = g * G + p % G;
+        int np = (pos0 + i + KEYS) / KEYS;
+        const float* base = part + ((long long)i * qh + h) * parts * (HD + 2);
+        merge_parts(base, np, HD, out + ((long long)(r0 + i) * qh + h) * HD, lane, 32);
+        if (lane == 0) done[i * qh + h] = 0;
+    }
+}
+
+#define ATTEND_MMA(HD)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * AMMA_WARPS) attend_mma_##HD(            \
+        const float* q, const unsigned long long* kv, int layer, float* part, int* done,     \
+        float* out, int qh, int kvh, const unsigned* meta, float scale, int r0, int parts,   \
+        int nrows) {                                                                         \
+        attend_mma_body<HD>(q, kv, layer, part, done, out, qh, kvh, meta, scale, r0, parts,  \
+                            nrows);                                                          \
+    }
+ATTEND_MMA(64)
+ATTEND_MMA(128)
+#endif
 
 #define ATTEND_ARGS                                                                        \
     const float *q, const unsigned long long *kv, int layer, float *part, int *done,        \

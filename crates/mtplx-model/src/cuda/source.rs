@@ -109,6 +109,21 @@ pub(super) const ATTEND_TILE_GROUPS: u32 = 8;
 /// From this many query rows attention takes `attend_tile_h` (the same bits as `attend_h`,
 /// so the choice is speed only): a decode step or verify block keeps a block per row.
 pub(crate) const ATTEND_TILE_FROM: usize = 16;
+/// Warps of a tensor-core attention block (`AMMA_WARPS`): each computes 16 (row, head)
+/// pairs, so a block takes [`ATTEND_MMA_PAIRS`] / G rows for G query heads a KV head.
+pub(crate) const ATTEND_MMA_WARPS: u32 = 4;
+/// (Row, head) pairs a tensor-core attention block computes (`AMMA_PAIRS`).
+pub(crate) const ATTEND_MMA_PAIRS: usize = 64;
+/// Cache rows of K and of V a tensor-core attention block copies at a time, into each of
+/// its two buffers (`AMMA_CHUNK`).
+pub(crate) const ATTEND_MMA_CHUNK: usize = 64;
+/// Head sizes the tensor-core attention is built for (`attend_mma_64`, `attend_mma_128`).
+pub(crate) const ATTEND_MMA_HEADS: [usize; 2] = [64, 128];
+/// Dynamic shared memory of a tensor-core attention block for heads of `hd` values: two
+/// buffers each of K and V, [`ATTEND_MMA_CHUNK`] rows of `hd + 8` halves.
+pub(crate) fn attend_mma_shared(hd: usize) -> usize {
+    4 * ATTEND_MMA_CHUNK * (hd + 8) * 2
+}
 /// Dynamic shared memory an attention block may use without opting in.
 pub(super) const MAX_SHARED_BYTES: usize = 48 * 1024;
 
@@ -309,6 +324,20 @@ mod tests {
         assert_eq!(define("ROWS"), MATVEC_ROWS, "ROWS");
         assert_eq!(define("KEYS"), ATTEND_KEYS, "KEYS");
         assert_eq!(define("ATILE_ROWS"), ATTEND_TILE_ROWS, "ATILE_ROWS");
+        assert_eq!(
+            define("AMMA_WARPS"),
+            ATTEND_MMA_WARPS as usize,
+            "AMMA_WARPS"
+        );
+        assert_eq!(define("AMMA_PAIRS"), ATTEND_MMA_PAIRS, "AMMA_PAIRS");
+        assert_eq!(define("AMMA_CHUNK"), ATTEND_MMA_CHUNK, "AMMA_CHUNK");
+        for hd in ATTEND_MMA_HEADS {
+            assert!(
+                SOURCE.contains(&format!("ATTEND_MMA({hd})")),
+                "attend_mma_{hd}"
+            );
+        }
+        assert!(SOURCE.contains("__launch_bounds__(32 * AMMA_WARPS) attend_mma_##HD("));
         assert!(
             SOURCE.contains("__launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) attend_tile_h(")
         );

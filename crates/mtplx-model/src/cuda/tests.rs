@@ -9,6 +9,7 @@ use half::f16;
 use mtplx_kv::{KvCache, KvDtype, KvShape, KvView};
 
 use super::cache::CudaKvCache;
+use super::device::attention::AttendPath;
 use super::device::{AttendParts, CudaDevice};
 use super::matrix::DeviceMatrix;
 use crate::kernels::{Activations, QuantFormat, QuantMatrix};
@@ -368,16 +369,24 @@ impl Attention<'_> {
     }
 }
 
-/// A prefill chunk's attention (`attend_tile_h`, from 16 rows of an `f16` cache) gives each
-/// row the bits that row gets alone (a decode step's `attend_h`): rows whose context fits
-/// one part, rows whose tile straddles a part's edge (some rows with one part, some with
-/// two), rows past several parts, a launch's partial tile, heads of 64 and 128 values,
-/// four query heads a KV head.
+/// A prefill chunk's attention over an `f16` cache (on sm_80 and later the tensor cores'
+/// `attend_mma`, whose tiles hold 16 (row, head) pairs; before, `attend_tile_h` from 16
+/// rows) gives each row the bits that row gets alone (a decode step): rows whose context
+/// fits one part, rows whose block straddles a part's edge (some rows with one part, some
+/// with two), rows past several parts, a launch's partial block, heads of 64 and 128
+/// values, four query heads a KV head, and three and seven (SmolLM2's and Qwen2.5-0.5B's:
+/// a row's heads split across two tiles).
 #[test]
 fn prefill_attention_tiles_give_each_rows_decode_bits() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(37);
-    for (hd, qh, kvh) in [(64usize, 8usize, 2usize), (128, 8, 2)] {
+    for (hd, qh, kvh) in [
+        (64usize, 8usize, 2usize),
+        (128, 8, 2),
+        (64, 9, 3),
+        (64, 14, 2),
+    ] {
+        assert_tensor_cores_where_built(&dev, (qh, kvh, hd));
         let len = 1600;
         let shape = KvShape {
             layers: 1,
@@ -420,20 +429,44 @@ fn prefill_attention_tiles_give_each_rows_decode_bits() {
     }
 }
 
-/// Attention over 20,000 cached positions (79 parts of 256), rows stored as `f32` and as
-/// `f16`, equals a float64 softmax over the stored values, and a query row's output is the
-/// same bits alone or in a block of rows.
-#[test]
-fn attention_runs_past_many_parts_and_is_row_invariant() {
-    let Some(dev) = device() else { return };
-    for dtype in [KvDtype::F32, KvDtype::F16] {
-        attention_over(&dev, dtype);
+/// On a device of sm_80 or later (unless `MTPLX_CUDA_ATTEND_MMA=0`), attention over an
+/// `f16` cache with heads of 64 or 128 values runs on tensor cores at every row count (so
+/// the tests of its bits test that kernel, and a kernel that failed to load is a failure,
+/// not a silent fallback).
+fn assert_tensor_cores_where_built(dev: &CudaDevice, heads: (usize, usize, usize)) {
+    let built = dev.capability().0 >= 8
+        && std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
+        && [64, 128].contains(&heads.2);
+    for n in [1, 4, 70] {
+        let path = dev.attend_path(KvDtype::F16, heads, n).unwrap();
+        assert_eq!(
+            path == AttendPath::TensorCores,
+            built,
+            "{heads:?}, {n} rows: {path:?}"
+        );
     }
 }
 
-fn attention_over(dev: &Arc<CudaDevice>, dtype: KvDtype) {
+/// Attention over 20,000 cached positions (79 parts of 256), rows stored as `f32` and as
+/// `f16` (heads of 64 and 128 values, two to seven query heads a KV head), equals a
+/// float64 softmax over the stored values, and a query row's output is the same bits
+/// alone or in a block of rows.
+#[test]
+fn attention_runs_past_many_parts_and_is_row_invariant() {
+    let Some(dev) = device() else { return };
+    for (dtype, heads) in [
+        (KvDtype::F32, (4, 2, 64)),
+        (KvDtype::F16, (4, 2, 64)),
+        (KvDtype::F16, (14, 2, 64)),
+        (KvDtype::F16, (8, 2, 128)),
+    ] {
+        attention_over(&dev, dtype, heads);
+    }
+}
+
+fn attention_over(dev: &Arc<CudaDevice>, dtype: KvDtype, heads: (usize, usize, usize)) {
     let mut rng = Rng(11);
-    let (qh, kvh, hd, len) = (4usize, 2usize, 64usize, 20_000usize);
+    let ((qh, kvh, hd), len) = (heads, 20_000usize);
     let shape = KvShape {
         layers: 1,
         kv_heads: kvh,
@@ -496,7 +529,7 @@ fn attention_over(dev: &Arc<CudaDevice>, dtype: KvDtype) {
                 let got = block[(r * qh + h) * hd + d] as f64;
                 assert!(
                     (got - want).abs() < 1e-4,
-                    "{dtype}: row {r} head {h} dim {d}: {got} vs {want}"
+                    "{dtype} {heads:?}: row {r} head {h} dim {d}: {got} vs {want}"
                 );
             }
         }
@@ -505,6 +538,6 @@ fn attention_over(dev: &Arc<CudaDevice>, dtype: KvDtype) {
     assert_eq!(
         alone,
         block[(n - 1) * qh * hd..],
-        "{dtype}: the last row alone"
+        "{dtype} {heads:?}: the last row alone"
     );
 }

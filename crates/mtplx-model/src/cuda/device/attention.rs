@@ -1,0 +1,240 @@
+//! Attention launches: on tensor cores where the device has the kernel for the heads,
+//! else a block per (row, head, part), or for a prefill chunk over an `f16` cache a block
+//! per 16 rows of a KV head (`attend_tile_h`, the same bits as the per-row kernel).
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use mtplx_kv::KvDtype;
+
+use super::{device_error, AttendParts, CudaDevice};
+use crate::cuda::source::{
+    attend_mma_shared, ATTEND_KEYS, ATTEND_MMA_PAIRS, ATTEND_MMA_WARPS, ATTEND_ROWS,
+    ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MAX_SHARED_BYTES,
+};
+use crate::error::{ModelError, Result};
+
+/// The kernel a launch's attention runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttendPath {
+    /// `attend_mma_{hd}`: for an `f16` cache on sm_80 and later, at every row count, so a
+    /// decode step and a prefill chunk give a row the same bits.
+    TensorCores,
+    /// `attend_tile_h`: a prefill chunk's rows over an `f16` cache without the former (the
+    /// same bits as `PerRow`).
+    Tiles,
+    /// `attend` / `attend_h`: a block per (row, head, part).
+    PerRow,
+}
+
+impl CudaDevice {
+    /// The kernel [`Self::attend`] takes for `n` rows of `heads` (query heads, KV heads,
+    /// head size) over a `dtype` cache. Whether it is the tensor cores' does not depend on
+    /// `n`: a row's bits must not depend on how many rows share its launch.
+    pub(crate) fn attend_path(
+        &self,
+        dtype: KvDtype,
+        heads: (usize, usize, usize),
+        n: usize,
+    ) -> Result<AttendPath> {
+        let (qh, kvh, hd) = heads;
+        let kernels = self.kv_kernels(dtype)?;
+        let grouped = kvh > 0 && qh.is_multiple_of(kvh);
+        if grouped
+            && qh / kvh <= ATTEND_MMA_PAIRS
+            && kernels.attend_mma.iter().any(|(h, _)| *h == hd)
+        {
+            return Ok(AttendPath::TensorCores);
+        }
+        let shared = self.attend_shared_bytes(hd)? as usize;
+        let groups = self.k.shape.tile_groups as usize;
+        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + groups * (shared + 4);
+        let tiles = kernels.attend_tile.is_some()
+            && n >= ATTEND_TILE_FROM
+            && hd.is_multiple_of(8)
+            && grouped
+            && tile_shared <= self.k.shared_limit;
+        Ok(if tiles {
+            AttendPath::Tiles
+        } else {
+            AttendPath::PerRow
+        })
+    }
+
+    /// [`Self::attend`] on tensor cores: launches of up to [`ATTEND_ROWS`] rows, a block per
+    /// [`ATTEND_MMA_PAIRS`] (row, head) pairs of a KV head and part.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_mma(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &CudaSlice<u64>,
+        kv_dtype: KvDtype,
+        layer: usize,
+        parts: &mut AttendParts,
+        out: &mut CudaSlice<f32>,
+        heads: (usize, usize, usize),
+        n: usize,
+        meta: &CudaSlice<u32>,
+        scale: f32,
+        max_len: usize,
+    ) -> Result<()> {
+        let (qh, kvh, hd) = heads;
+        let kernels = self.kv_kernels(kv_dtype)?;
+        let func = kernels
+            .attend_mma
+            .iter()
+            .find_map(|(h, f)| (*h == hd).then_some(f))
+            .ok_or_else(|| {
+                ModelError::Device(format!("no tensor-core attention for heads of {hd}"))
+            })?;
+        let rows_per_block = ATTEND_MMA_PAIRS / (qh / kvh);
+        let count = max_len.div_ceil(ATTEND_KEYS);
+        let (qhi, kvhi, li, pi) = (qh as i32, kvh as i32, layer as i32, count as i32);
+        let mut r0 = 0;
+        while r0 < n {
+            let rows_now = (n - r0).min(ATTEND_ROWS);
+            let (r0i, rows_i) = (r0 as i32, rows_now as i32);
+            let mut b = self.stream.launch_builder(func);
+            b.arg(q)
+                .arg(kv)
+                .arg(&li)
+                .arg(&mut parts.values)
+                .arg(&mut parts.done)
+                .arg(&mut *out)
+                .arg(&qhi)
+                .arg(&kvhi)
+                .arg(meta)
+                .arg(&scale)
+                .arg(&r0i)
+                .arg(&pi)
+                .arg(&rows_i);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    rows_now.div_ceil(rows_per_block) as u32,
+                    kvh as u32,
+                    count as u32,
+                ),
+                block_dim: (32 * ATTEND_MMA_WARPS, 1, 1),
+                shared_mem_bytes: attend_mma_shared(hd) as u32,
+            };
+            // SAFETY: as for `attend`'s launches: q and out hold n × qh × hd; the caches
+            // (f16) hold pos0 + n rows of kvh × hd (at most max_len); `parts` was made for
+            // these heads and max_len, its counters all 0 between launches; qh is a multiple
+            // of kvh with at most ATTEND_MMA_PAIRS query heads a KV head; the block's shared
+            // memory is the kernel's two buffers of K and V rows for heads of hd, within
+            // the limit its attribute was set to at load.
+            unsafe { b.launch(cfg) }
+                .map(drop)
+                .map_err(|e| device_error("attend_mma", e))?;
+            r0 += rows_now;
+        }
+        Ok(())
+    }
+
+    /// Shared memory of an attention part's block.
+    fn attend_shared_bytes(&self, head_dim: usize) -> Result<u32> {
+        let warps = self.k.shape.attend_warps as usize;
+        if !head_dim.is_multiple_of(4) {
+            return Err(ModelError::Device(format!(
+                "heads of {head_dim} values: the CUDA backend needs a multiple of 4"
+            )));
+        }
+        let shared = (32 + head_dim + warps * head_dim + ATTEND_KEYS) * 4;
+        if shared > MAX_SHARED_BYTES {
+            return Err(ModelError::Device(format!(
+                "heads of {head_dim} values need {shared} bytes of shared memory; the CUDA \
+                 backend supports up to {MAX_SHARED_BYTES}"
+            )));
+        }
+        Ok(shared as u32)
+    }
+
+    /// Causal attention of `n` query rows over the layer's cache rows, in parts of
+    /// [`ATTEND_KEYS`] positions (as many as `max_len` needs: the launch's shape does not
+    /// change with the context, so a captured pass replays at any length), merged in order
+    /// by the last part of each row and head to finish. The kernel is [`Self::attend_path`]'s.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &CudaSlice<u64>,
+        kv_dtype: KvDtype,
+        layer: usize,
+        parts: &mut AttendParts,
+        out: &mut CudaSlice<f32>,
+        heads: (usize, usize, usize),
+        n: usize,
+        meta: &CudaSlice<u32>,
+        scale: f32,
+        max_len: usize,
+    ) -> Result<()> {
+        let (qh, kvh, hd) = heads;
+        if self.attend_path(kv_dtype, heads, n)? == AttendPath::TensorCores {
+            return self.attend_mma(
+                q, kv, kv_dtype, layer, parts, out, heads, n, meta, scale, max_len,
+            );
+        }
+        let shared = self.attend_shared_bytes(hd)?;
+        let kernels = self.kv_kernels(kv_dtype)?;
+        let warps = self.k.shape.attend_warps;
+        // A prefill chunk's rows share each part's keys and values (`attend_tile_h`): the
+        // same bits as `attend`'s blocks, one copy of the keys for many rows and heads.
+        let groups = self.k.shape.tile_groups;
+        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + groups as usize * (shared as usize + 4);
+        let tile = kernels
+            .attend_tile
+            .as_ref()
+            .filter(|_| self.attend_path(kv_dtype, heads, n).ok() == Some(AttendPath::Tiles));
+        let count = max_len.div_ceil(ATTEND_KEYS);
+        let (qhi, kvhi, hdi) = (qh as i32, kvh as i32, hd as i32);
+        let (li, pi) = (layer as i32, count as i32);
+        let mut r0 = 0;
+        while r0 < n {
+            let rows_now = (n - r0).min(ATTEND_ROWS);
+            let r0i = r0 as i32;
+            let kernel = tile.unwrap_or(&kernels.attend);
+            let mut b = self.stream.launch_builder(kernel);
+            b.arg(q)
+                .arg(kv)
+                .arg(&li)
+                .arg(&mut parts.values)
+                .arg(&mut parts.done)
+                .arg(&mut *out)
+                .arg(&qhi)
+                .arg(&kvhi)
+                .arg(&hdi)
+                .arg(meta)
+                .arg(&scale)
+                .arg(&r0i)
+                .arg(&pi);
+            let rows_i = rows_now as i32;
+            let cfg = if tile.is_some() {
+                b.arg(&rows_i);
+                LaunchConfig {
+                    grid_dim: (
+                        rows_now.div_ceil(ATTEND_TILE_ROWS) as u32,
+                        kvh as u32,
+                        count as u32,
+                    ),
+                    block_dim: (32 * warps * groups, 1, 1),
+                    shared_mem_bytes: tile_shared as u32,
+                }
+            } else {
+                LaunchConfig {
+                    grid_dim: (rows_now as u32, qh as u32, count as u32),
+                    block_dim: (32 * warps, 1, 1),
+                    shared_mem_bytes: shared,
+                }
+            };
+            // SAFETY: q and out hold n × qh × hd; the caches hold pos0 + n rows of kvh × hd
+            // (at most max_len); `parts` was made for these heads and max_len
+            // ([`AttendParts::new`]), its counters all 0 between launches. A tile block's
+            // shared memory holds a part's K and V rows of one head (`f16`, hd a multiple
+            // of 8 for its 16-byte copies) and its groups' buffers, within the limit set at
+            // load; qh is a multiple of kvh.
+            unsafe { b.launch(cfg) }
+                .map(drop)
+                .map_err(|e| device_error("attend", e))?;
+            r0 += rows_now;
+        }
+        Ok(())
+    }
+}
