@@ -12,6 +12,7 @@ use super::cache::CudaKvCache;
 use super::device::attention::AttendPath;
 use super::device::{AttendParts, CudaDevice};
 use super::matrix::DeviceMatrix;
+use super::source::ATTEND_MMA_HEADS;
 use crate::kernels::{Activations, QuantFormat, QuantMatrix};
 use crate::weights::{FileData, FilePart};
 
@@ -436,7 +437,7 @@ fn prefill_attention_tiles_give_each_rows_decode_bits() {
 fn assert_tensor_cores_where_built(dev: &CudaDevice, heads: (usize, usize, usize)) {
     let built = dev.capability().0 >= 8
         && std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
-        && [64, 128].contains(&heads.2);
+        && ATTEND_MMA_HEADS.contains(&heads.2);
     for n in [1, 4, 70] {
         let path = dev.attend_path(KvDtype::F16, heads, n).unwrap();
         assert_eq!(

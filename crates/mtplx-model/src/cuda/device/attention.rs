@@ -44,9 +44,7 @@ impl CudaDevice {
         {
             return Ok(AttendPath::TensorCores);
         }
-        let shared = self.attend_shared_bytes(hd)? as usize;
-        let groups = self.k.shape.tile_groups as usize;
-        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + groups * (shared + 4);
+        let tile_shared = self.tile_shared_bytes(hd, self.attend_shared_bytes(hd)?);
         let tiles = kernels.attend_tile.is_some()
             && n >= ATTEND_TILE_FROM
             && hd.is_multiple_of(8)
@@ -147,6 +145,13 @@ impl CudaDevice {
         Ok(shared as u32)
     }
 
+    /// Shared memory of an `attend_tile_h` block: a part's K and V rows of one head (`f16`),
+    /// then each group's per-row buffers (`shared`, [`Self::attend_shared_bytes`]) and flag.
+    fn tile_shared_bytes(&self, head_dim: usize, shared: u32) -> usize {
+        let groups = self.k.shape.tile_groups as usize;
+        2 * ATTEND_KEYS * head_dim * 2 + groups * (shared as usize + 4)
+    }
+
     /// Causal attention of `n` query rows over the layer's cache rows, in parts of
     /// [`ATTEND_KEYS`] positions (as many as `max_len` needs: the launch's shape does not
     /// change with the context, so a captured pass replays at any length), merged in order
@@ -167,7 +172,8 @@ impl CudaDevice {
         max_len: usize,
     ) -> Result<()> {
         let (qh, kvh, hd) = heads;
-        if self.attend_path(kv_dtype, heads, n)? == AttendPath::TensorCores {
+        let path = self.attend_path(kv_dtype, heads, n)?;
+        if path == AttendPath::TensorCores {
             return self.attend_mma(
                 q, kv, kv_dtype, layer, parts, out, heads, n, meta, scale, max_len,
             );
@@ -178,11 +184,11 @@ impl CudaDevice {
         // A prefill chunk's rows share each part's keys and values (`attend_tile_h`): the
         // same bits as `attend`'s blocks, one copy of the keys for many rows and heads.
         let groups = self.k.shape.tile_groups;
-        let tile_shared = 2 * ATTEND_KEYS * hd * 2 + groups as usize * (shared as usize + 4);
+        let tile_shared = self.tile_shared_bytes(hd, shared);
         let tile = kernels
             .attend_tile
             .as_ref()
-            .filter(|_| self.attend_path(kv_dtype, heads, n).ok() == Some(AttendPath::Tiles));
+            .filter(|_| path == AttendPath::Tiles);
         let count = max_len.div_ceil(ATTEND_KEYS);
         let (qhi, kvhi, hdi) = (qh as i32, kvh as i32, hd as i32);
         let (li, pi) = (layer as i32, count as i32);
