@@ -57,7 +57,18 @@ struct KvKernels {
     attend_tile: Option<CudaFunction>,
     /// Attention on tensor cores by head size (`f16` caches on sm_80 and later; none in
     /// an older source or with `MTPLX_CUDA_ATTEND_MMA=0`): taken for every row count.
-    attend_mma: Vec<(usize, CudaFunction)>,
+    attend_mma: Vec<MmaAttend>,
+}
+
+/// The tensor-core attention kernels for one head size.
+struct MmaAttend {
+    head_dim: usize,
+    /// `attend_mma_{hd}`: any launch.
+    rows: CudaFunction,
+    /// `attend_mma_split_{hd}`: a launch whose pairs fit one tile, its warps sharing the
+    /// tile's work (the same bits; `None` in an older source or with
+    /// `MTPLX_CUDA_ATTEND_SPLIT=0`, to time both in one binary).
+    split: Option<CudaFunction>,
 }
 
 /// A CUDA device with the backend's kernels loaded. Every launch and copy goes to one
@@ -173,16 +184,25 @@ impl CudaDevice {
                     // MTPLX_CUDA_ATTEND_MMA=0, to time the kernels above in one binary).
                     attend_mma: if std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
                     {
+                        let split = std::env::var("MTPLX_CUDA_ATTEND_SPLIT").map_or(true, |v| v != "0");
+                        let load = |name: String, hd: usize| {
+                            let func = module.load_function(&name).ok()?;
+                            func.set_attribute(
+                                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                attend_mma_shared(hd) as i32,
+                            )
+                            .ok()?;
+                            Some(func)
+                        };
                         ATTEND_MMA_HEADS
                             .iter()
                             .filter_map(|&hd| {
-                                let func = module.load_function(&format!("attend_mma_{hd}")).ok()?;
-                                func.set_attribute(
-                                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    attend_mma_shared(hd) as i32,
-                                )
-                                .ok()?;
-                                Some((hd, func))
+                                Some(MmaAttend {
+                                    head_dim: hd,
+                                    rows: load(format!("attend_mma_{hd}"), hd)?,
+                                    split: load(format!("attend_mma_split_{hd}"), hd)
+                                        .filter(|_| split),
+                                })
                             })
                             .collect()
                     } else {
@@ -212,6 +232,19 @@ impl CudaDevice {
     #[cfg(test)]
     pub(crate) fn q8_on_tensor_cores(&self) -> bool {
         self.k.q8.as_ref().is_some_and(Q8Kernels::has_tiles)
+    }
+
+    /// Rounds one row of `cols` values as a decode step's 8-bit products read it, alone
+    /// (the speed diagnostic times it apart from the products); false where no product
+    /// reads x rounded.
+    #[cfg(test)]
+    pub(crate) fn round_decode_row(&self, x: &CudaSlice<f32>, cols: usize) -> Result<bool> {
+        match self.k.q8.as_ref().filter(|q8| q8.reads_rounded(1, cols)) {
+            Some(q8) => q8
+                .round(&self.stream, &|len| self.zeros(len), x, 1, cols)
+                .map(|_| true),
+            None => Ok(false),
+        }
     }
 
     /// Its compute capability (major, minor).
@@ -451,9 +484,10 @@ impl CudaDevice {
             .q8
             .as_ref()
             .filter(|_| w.activations == Activations::Q8);
-        // The tensor-core kernels read x rounded once for all the product's parts.
+        // The tensor-core kernels (and a decode step's) read x rounded once for all the
+        // product's parts.
         let rounded = match q8 {
-            Some(q8) if q8.takes_tiles(n) && w.cols.is_multiple_of(256) => {
+            Some(q8) if q8.reads_rounded(n, w.cols) => {
                 Some(q8.round(&self.stream, &|len| self.zeros(len), x, n, w.cols)?)
             }
             _ => None,

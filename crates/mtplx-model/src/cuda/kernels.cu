@@ -647,9 +647,11 @@ __device__ __forceinline__ void q8k_round(const float* __restrict__ x, int in, i
     }
 }
 
-// The 32 words (128 values) of half block q of rounded row r.
+// The 32 words (128 values) of half block q of rounded row r, half blocks XS bytes apart
+// (QHALF in a block's shared memory, 128 in `q8_round_rows`' buffer).
+template <int XS>
 __device__ __forceinline__ void q8_half(const signed char* sq, int in, int r, int q, int* xw) {
-    const int4* p = reinterpret_cast<const int4*>(sq + (r * (in >> 7) + q) * QHALF);
+    const int4* p = reinterpret_cast<const int4*>(sq + (r * (in >> 7) + q) * XS);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         int4 v = p[i];
@@ -659,8 +661,8 @@ __device__ __forceinline__ void q8_half(const signed char* sq, int in, int r, in
 
 // Half h of block b of a weight row at `row` against rows 0 .. nr - 1 of the rounded x:
 // the exact integer sums tot[r] (and, Q4_K, mins[r]); the block's two float scales in
-// *d and *dm (Q6_K: *dm unused).
-template <int FMT, int NR>
+// *d and *dm (Q6_K: *dm unused). Half blocks of x are XS bytes apart (see q8_half).
+template <int FMT, int NR, int XS>
 __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, int h, int nr,
                                              const signed char* sq, const int* ss, int in,
                                              int* tot, int* mins, float* d, float* dm) {
@@ -684,7 +686,7 @@ __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, 
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             if (r >= nr) break;
-            q8_half(sq, in, r, 2 * b + h, xw);
+            q8_half<XS>(sq, in, r, 2 * b + h, xw);
             int dot[4] = {0, 0, 0, 0};
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -723,7 +725,7 @@ __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, 
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             if (r >= nr) break;
-            q8_half(sq, in, r, 2 * b + h, xw);
+            q8_half<XS>(sq, in, r, 2 * b + h, xw);
             const int* s16 = ss + r * (in >> 4) + 16 * b + 8 * h;
             int t = 0;
 #pragma unroll
@@ -744,7 +746,14 @@ __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, 
 // (in / 128 · QHALF bytes a row), their sums (in / 16 words a row), their scales (in / 256
 // words a row, rounded up to 4 words), then 16 float4 slots for each of a warp's QOUTS · NR
 // chains.
-template <int FMT, int NR>
+//
+// ROUNDED (a decode step's one row, NR = 1): x is not rounded here but read as
+// `q8_round_rows` left it (one row: the values, then the sums of each 16, then the block
+// scales), the same numbers, so the same bits. Every block rounding x for itself (16 KB of
+// floats from L2 a block, a launch of hundreds of blocks) came before its first weight
+// load; read rounded, the weights' loads start the kernel. Its dynamic shared memory holds
+// only the slots.
+template <int FMT, int NR, bool ROUNDED>
 __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long long row_bytes,
                                                const float* __restrict__ x,
                                                const float* __restrict__ bias, float* y, int n,
@@ -753,12 +762,26 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
     extern __shared__ int4 qsh[];
     int r0 = blockIdx.y * NR, nr = min(NR, n - r0);
     int nb = in >> 8;
-    signed char* sq = reinterpret_cast<signed char*>(qsh);
-    int* ss = reinterpret_cast<int*>(sq + NR * (in >> 7) * QHALF);
-    float* sd = reinterpret_cast<float*>(ss + NR * (in >> 4));
-    float4* slots = reinterpret_cast<float4*>(sd + ((NR * nb + 3) & ~3));
-    q8k_round(x + (long long)r0 * in, in, nr, sq, sd, ss);
-    __syncthreads();
+    const signed char* sq;
+    const int* ss;
+    const float* sd;
+    float4* slots;
+    if (ROUNDED) {
+        sq = reinterpret_cast<const signed char*>(x);
+        ss = reinterpret_cast<const int*>(sq + in);
+        sd = reinterpret_cast<const float*>(ss + (in >> 4));
+        slots = reinterpret_cast<float4*>(qsh);
+    } else {
+        signed char* q = reinterpret_cast<signed char*>(qsh);
+        int* s16 = reinterpret_cast<int*>(q + NR * (in >> 7) * QHALF);
+        float* d = reinterpret_cast<float*>(s16 + NR * (in >> 4));
+        slots = reinterpret_cast<float4*>(d + ((NR * nb + 3) & ~3));
+        q8k_round(x + (long long)r0 * in, in, nr, q, d, s16);
+        __syncthreads();
+        sq = q;
+        ss = s16;
+        sd = d;
+    }
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * QOUTS;
     if (o0 >= rows) return;
@@ -776,8 +799,9 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
 #pragma unroll
             for (int r = 0; r < NR; r++) tot[r] = mins[r] = 0;
             if (b < nb && o0 + k < rows)
-                q8_half_sums<FMT, NR>(W + (long long)(o0 + k) * row_bytes, b, h, nr, sq, ss, in,
-                                      tot, mins, &d, &dm);
+                q8_half_sums<FMT, NR, ROUNDED ? 128 : QHALF>(W + (long long)(o0 + k) * row_bytes,
+                                                             b, h, nr, sq, ss, in, tot, mins,
+                                                             &d, &dm);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 int t = tot[r] + __shfl_xor_sync(FULL_MASK, tot[r], 1);
@@ -817,14 +841,20 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
     extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvecq_##F(                   \
         const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
         int in, int rows, int y_stride, int y_off, int accumulate) {                         \
-        matvec_q8_body<F, QROWS>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,     \
-                                 accumulate);                                                \
+        matvec_q8_body<F, QROWS, false>(W, row_bytes, x, bias, y, n, in, rows, y_stride,     \
+                                        y_off, accumulate);                                  \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvec1q_##F(                  \
         const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
         int in, int rows, int y_stride, int y_off, int accumulate) {                         \
-        matvec_q8_body<F, 1>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,         \
-                             accumulate);                                                    \
+        matvec_q8_body<F, 1, false>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,  \
+                                    accumulate);                                             \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvec1r_##F(                  \
+        const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
+        int in, int rows, int y_stride, int y_off, int accumulate) {                         \
+        matvec_q8_body<F, 1, true>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,   \
+                                   accumulate);                                              \
     }
 MATVEC_Q8(8)
 MATVEC_Q8(10)
@@ -1673,9 +1703,19 @@ extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) a
 //
 // Dynamic shared memory: two buffers each of K and V, AMMA_CHUNK rows of HD + 8 halves (16
 // bytes of padding a row, so a quad's and an `ldmatrix`'s rows fall on distinct banks).
+//
+// SPLIT (a launch of at most 16 / G rows: a decode step, a verify block): the block's pairs
+// fit one tile, and its four warps share that tile's work instead of one warp doing it all
+// (a chunk's `mma`s, in series in one warp, were most of a decode step's attention): warp w
+// computes the scores of keys 16 w .. 16 w + 15 of each chunk and the weighted sums of
+// dimensions HD / 4 · w .. + HD / 4 − 1. Each score and each sum comes from the same `mma`s
+// in the same order as in a warp that computes all of them; the scores meet in shared
+// memory, and every warp then takes the chunk's maxima, exponentials and sums of all the
+// keys as one warp does. So a pair's part is the same bits either way.
 #define AMMA_WARPS 4
 #define AMMA_CHUNK 64
-// 16 · AMMA_WARPS
+// The pairs of one warp's tile, and of a block (16 · AMMA_WARPS).
+#define AMMA_TILE 16
 #define AMMA_PAIRS 64
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -1732,20 +1772,24 @@ __device__ __forceinline__ void amma_load(unsigned short* sk, unsigned short* sv
     }
 }
 
-template <int HD>
+template <int HD, bool SPLIT>
 __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned long long* kv,
                                                 int layer, float* part, int* done, float* out,
                                                 int qh, int kvh, const unsigned* meta,
                                                 float scale, int r0, int parts, int nrows) {
     typedef unsigned short KV;
     const int STRIDE = HD + 8;
+    // SPLIT: a warp's share of a chunk's 8-key score tiles and of the 8-dimension output
+    // tiles (its o holds only those).
+    const int NPW = AMMA_CHUNK / 8 / AMMA_WARPS, DPW = HD / 8 / AMMA_WARPS;
+    const int OT = SPLIT ? DPW : HD / 8;
     extern __shared__ int4 amma_sh[];
     KV* sk = reinterpret_cast<KV*>(amma_sh);
     KV* sv = sk + 2 * AMMA_CHUNK * STRIDE;
     const KV* kc = (const KV*)kv[2 * layer];
     const KV* vc = (const KV*)kv[2 * layer + 1];
     int G = qh / kvh, g = blockIdx.y, ps = blockIdx.z, kvd = kvh * HD;
-    int rows_blk = AMMA_PAIRS / G, npairs = rows_blk * G;
+    int rows_blk = (SPLIT ? AMMA_TILE : AMMA_PAIRS) / G, npairs = rows_blk * G;
     int i0 = blockIdx.x * rows_blk, i1 = min(nrows, i0 + rows_blk);
     int j0 = ps * KEYS;
     // Launch row i is cache row pos0 + i; the block's last row sees the most keys.
@@ -1754,8 +1798,9 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
     if (j0 >= kend) return;
     int chunks = (kend - j0 + AMMA_CHUNK - 1) / AMMA_CHUNK;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
-    // The lane's two pairs: tile rows gq (a) and gq + 8 (b).
-    int pa = warp * 16 + gq, pb = pa + 8;
+    // The lane's two pairs: tile rows gq (a) and gq + 8 (b) of its warp's tile (SPLIT: the
+    // one tile, every warp's).
+    int pa = (SPLIT ? 0 : warp * AMMA_TILE) + gq, pb = pa + 8;
     int ia = i0 + pa / G, ib = i0 + pb / G;
     bool va = pa < npairs && ia < i1, vb = pb < npairs && ib < i1;
     int posa = pos0 + ia, posb = pos0 + ib;
@@ -1779,9 +1824,9 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
             split_pair(b1.x, b1.y, &qhi[k][3], &qlo[k][3]);
         }
     }
-    float o[HD / 8][4];
+    float o[OT][4];
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (int d = 0; d < OT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
     amma_load<HD>(sk, sv, kc, vc, kvd, g, j0, kend);
     copies_commit();
@@ -1799,17 +1844,45 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
             const KV* vs = sv + (c & 1) * AMMA_CHUNK * STRIDE;
             int jc = j0 + c * AMMA_CHUNK;
             float s[AMMA_CHUNK / 8][4];
+            if (SPLIT) {
+                // This warp's score tiles, then every tile's from shared memory.
+                __shared__ float4 amma_s[AMMA_CHUNK / 8][32];
+                float sw[NPW][4];
 #pragma unroll
-            for (int n = 0; n < AMMA_CHUNK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                for (int n = 0; n < NPW; n++) sw[n][0] = sw[n][1] = sw[n][2] = sw[n][3] = 0.0f;
 #pragma unroll
-            for (int k = 0; k < HD / 16; k++) {
+                for (int k = 0; k < HD / 16; k++) {
+#pragma unroll
+                    for (int n = 0; n < NPW; n++) {
+                        const KV* kr = ks + (8 * (warp * NPW + n) + gq) * STRIDE + 16 * k + 2 * cq;
+                        unsigned b0 = *reinterpret_cast<const unsigned*>(kr);
+                        unsigned b1 = *reinterpret_cast<const unsigned*>(kr + 8);
+                        mma_f16(qhi[k], b0, b1, sw[n]);
+                        mma_f16(qlo[k], b0, b1, sw[n]);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NPW; n++)
+                    amma_s[warp * NPW + n][lane] = make_float4(sw[n][0], sw[n][1], sw[n][2], sw[n][3]);
+                __syncthreads();
 #pragma unroll
                 for (int n = 0; n < AMMA_CHUNK / 8; n++) {
-                    const KV* kr = ks + (8 * n + gq) * STRIDE + 16 * k + 2 * cq;
-                    unsigned b0 = *reinterpret_cast<const unsigned*>(kr);
-                    unsigned b1 = *reinterpret_cast<const unsigned*>(kr + 8);
-                    mma_f16(qhi[k], b0, b1, s[n]);
-                    mma_f16(qlo[k], b0, b1, s[n]);
+                    float4 v = amma_s[n][lane];
+                    s[n][0] = v.x; s[n][1] = v.y; s[n][2] = v.z; s[n][3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int n = 0; n < AMMA_CHUNK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < HD / 16; k++) {
+#pragma unroll
+                    for (int n = 0; n < AMMA_CHUNK / 8; n++) {
+                        const KV* kr = ks + (8 * n + gq) * STRIDE + 16 * k + 2 * cq;
+                        unsigned b0 = *reinterpret_cast<const unsigned*>(kr);
+                        unsigned b1 = *reinterpret_cast<const unsigned*>(kr + 8);
+                        mma_f16(qhi[k], b0, b1, s[n]);
+                        mma_f16(qlo[k], b0, b1, s[n]);
+                    }
                 }
             }
             // Scaled, masked (a key past the pair's own row: −inf), the chunk's maxima.
@@ -1855,7 +1928,7 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
             ma = na;
             mb = nb;
 #pragma unroll
-            for (int d = 0; d < HD / 8; d++) {
+            for (int d = 0; d < OT; d++) {
                 o[d][0] *= ra;
                 o[d][1] *= ra;
                 o[d][2] *= rb;
@@ -1872,9 +1945,10 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
                 const KV* vrow = vs + (16 * k + (lane & 7) + ((lane >> 3) & 1) * 8) * STRIDE +
                                  (lane >> 4) * 8;
 #pragma unroll
-                for (int d = 0; d < HD / 8; d += 2) {
+                for (int d = 0; d < OT; d += 2) {
+                    // Output tile d of this warp's: tile (SPLIT ? DPW · warp : 0) + d.
                     unsigned b[4];
-                    ldmatrix_x4_trans(b, vrow + 8 * d);
+                    ldmatrix_x4_trans(b, vrow + 8 * ((SPLIT ? DPW * warp : 0) + d));
                     mma_f16(phi, b[0], b[1], o[d]);
                     mma_f16(plo, b[0], b[1], o[d]);
                     mma_f16(phi, b[2], b[3], o[d + 1]);
@@ -1897,8 +1971,8 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
         float* ba = part + ((long long)ia * qh + ha) * parts * (HD + 2);
         float* bb = part + ((long long)ib * qh + hb) * parts * (HD + 2);
 #pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            int dim = 8 * d + 2 * cq;
+        for (int d = 0; d < OT; d++) {
+            int dim = 8 * ((SPLIT ? DPW * warp : 0) + d) + 2 * cq;
             if (ina) {
                 if (npa == 1) {
                     float* dst = out + ((long long)(r0 + ia) * qh + ha) * HD + dim;
@@ -1920,7 +1994,9 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
                 }
             }
         }
-        if (cq == 0) {
+        // (SPLIT: every warp holds the same m and l; warp 0 writes and counts them.)
+        bool counts = cq == 0 && (!SPLIT || warp == 0);
+        if (counts) {
             if (ina && npa > 1) {
                 ba[ps * (HD + 2) + HD] = ma;
                 ba[ps * (HD + 2) + HD + 1] = la;
@@ -1930,11 +2006,15 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
                 bb[ps * (HD + 2) + HD + 1] = lb;
             }
         }
-        // Publish, then count: a quad's first lane counts its two pairs.
+        // Publish, then count: a quad's first lane counts its two pairs (SPLIT: once every
+        // warp has published its dimensions).
         __threadfence();
-        __syncwarp();
+        if (SPLIT)
+            __syncthreads();
+        else
+            __syncwarp();
         bool lasta = false, lastb = false;
-        if (cq == 0) {
+        if (counts) {
             if (ina && npa > 1) lasta = atomicAdd(done + ia * qh + ha, 1) == npa - 1;
             if (inb && npb > 1) lastb = atomicAdd(done + ib * qh + hb, 1) == npb - 1;
         }
@@ -1966,8 +2046,15 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
         const float* q, const unsigned long long* kv, int layer, float* part, int* done,     \
         float* out, int qh, int kvh, const unsigned* meta, float scale, int r0, int parts,   \
         int nrows) {                                                                         \
-        attend_mma_body<HD>(q, kv, layer, part, done, out, qh, kvh, meta, scale, r0, parts,  \
-                            nrows);                                                          \
+        attend_mma_body<HD, false>(q, kv, layer, part, done, out, qh, kvh, meta, scale, r0,  \
+                                   parts, nrows);                                            \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * AMMA_WARPS) attend_mma_split_##HD(      \
+        const float* q, const unsigned long long* kv, int layer, float* part, int* done,     \
+        float* out, int qh, int kvh, const unsigned* meta, float scale, int r0, int parts,   \
+        int nrows) {                                                                         \
+        attend_mma_body<HD, true>(q, kv, layer, part, done, out, qh, kvh, meta, scale, r0,   \
+                                  parts, nrows);                                             \
     }
 ATTEND_MMA(64)
 ATTEND_MMA(128)

@@ -55,21 +55,28 @@ pub(super) const MMQ_FROM_ROWS: usize = 16;
 pub(super) struct Q8Kernels {
     rows: [CudaFunction; 2],
     one: [CudaFunction; 2],
-    tiles: Option<Tiles>,
+    /// For one row, reading x rounded beforehand (`matvec1r_F`; `None`: a source without
+    /// them, or `MTPLX_CUDA_DECODE_ROUNDED=0`, which leaves a decode step's products to
+    /// round x in each block, as `one` does: the same bits, so one binary times both).
+    one_rounded: Option<[CudaFunction; 2]>,
+    tiles: Option<[CudaFunction; 2]>,
+    /// `q8_round_rows` and the buffer it rounds into, for the kernels that read x rounded
+    /// (`None` where there are none).
+    rounding: Option<Rounding>,
 }
 
-/// The tensor-core products: their kernels, the one that rounds their x first, and the
-/// buffer it rounds into (grown to the largest product seen; the launches of one product
-/// hold it, and a product's launches all go to the device's one stream, so the next
-/// rounding waits for the last product to have read it).
-struct Tiles {
-    kernels: [CudaFunction; 2],
+/// The kernel that rounds x for the kernels that read it rounded, and the buffer it rounds
+/// into (grown to the largest product seen; the launches of one product hold it, and a
+/// product's launches all go to the device's one stream, so the next rounding waits for
+/// the last product to have read it).
+struct Rounding {
     round: CudaFunction,
     rounded: Mutex<Option<CudaSlice<u8>>>,
 }
 
-/// What a product's parts take as x: the `f32` rows, or (tensor-core kernels) the device
-/// address of their rounding, held until the product's launches are queued.
+/// What a product's parts take as x: the `f32` rows, or (tensor-core and rounded decode
+/// kernels) the device address of their rounding, held until the product's launches are
+/// queued.
 pub(super) struct RoundedX<'a> {
     pub(super) address: u64,
     _held: MutexGuard<'a, Option<CudaSlice<u8>>>,
@@ -81,20 +88,24 @@ impl Q8Kernels {
     /// every product.
     pub(super) const PROBE: &'static str = "matvecq_8";
 
-    /// The kernels, each loaded by `load` (by name). The tensor-core kernels are taken only
-    /// with the rounding they read (a source from before it had `mmq_F` read `f32` x).
+    /// The kernels, each loaded by `load` (by name). The kernels that read x rounded are
+    /// taken only with the rounding (a source from before it had `mmq_F` read `f32` x).
     pub(super) fn load(load: impl Fn(&str) -> Result<CudaFunction>) -> Result<Q8Kernels> {
+        let rounding = load("q8_round_rows").ok().map(|round| Rounding {
+            round,
+            rounded: Mutex::new(None),
+        });
+        let pair = |a: &str, b: &str| match (load(a), load(b)) {
+            (Ok(a), Ok(b)) if rounding.is_some() => Some([a, b]),
+            _ => None,
+        };
+        let decode_rounded = std::env::var("MTPLX_CUDA_DECODE_ROUNDED").map_or(true, |v| v != "0");
         Ok(Q8Kernels {
             rows: [load("matvecq_8")?, load("matvecq_10")?],
             one: [load("matvec1q_8")?, load("matvec1q_10")?],
-            tiles: match (load("mmq_8"), load("mmq_10"), load("q8_round_rows")) {
-                (Ok(q4k), Ok(q6k), Ok(round)) => Some(Tiles {
-                    kernels: [q4k, q6k],
-                    round,
-                    rounded: Mutex::new(None),
-                }),
-                _ => None,
-            },
+            one_rounded: pair("matvec1r_8", "matvec1r_10").filter(|_| decode_rounded),
+            tiles: pair("mmq_8", "mmq_10"),
+            rounding,
         })
     }
 
@@ -106,18 +117,26 @@ impl Q8Kernels {
 
     /// Every kernel with dynamic shared memory (its limit is set at load, as `matvec1`'s).
     pub(super) fn all(&self) -> impl Iterator<Item = &CudaFunction> {
-        let tiles = self.tiles.iter().flat_map(|t| &t.kernels);
-        self.rows.iter().chain(&self.one).chain(tiles)
+        let tiles = self.tiles.iter().flatten();
+        let rounded = self.one_rounded.iter().flatten();
+        self.rows.iter().chain(&self.one).chain(tiles).chain(rounded)
     }
 
     /// Whether a product of `n` rows of x goes to the tensor-core kernels (for its parts of
     /// their formats).
-    pub(super) fn takes_tiles(&self, n: usize) -> bool {
+    fn takes_tiles(&self, n: usize) -> bool {
         self.tiles.is_some() && n >= MMQ_FROM_ROWS
     }
 
-    /// Rounds `n` rows of `cols` values of `x` (a multiple of 256) for the tensor-core
-    /// kernels (`q8_round_rows`) on `stream`, into the buffer they read (grown with
+    /// Whether a product of `n` rows of x, `cols` wide, reads x rounded once for all its
+    /// parts ([`Self::round`]): on tensor cores, or a decode step's row.
+    pub(super) fn reads_rounded(&self, n: usize, cols: usize) -> bool {
+        cols.is_multiple_of(QBLOCK)
+            && (self.takes_tiles(n) || (n == 1 && self.one_rounded.is_some()))
+    }
+
+    /// Rounds `n` rows of `cols` values of `x` (a multiple of 256) for the kernels that
+    /// read x rounded (`q8_round_rows`) on `stream`, into the buffer they read (grown with
     /// `alloc`, the device's allocation).
     pub(super) fn round<'a>(
         &'a self,
@@ -127,11 +146,11 @@ impl Q8Kernels {
         n: usize,
         cols: usize,
     ) -> Result<RoundedX<'a>> {
-        let tiles = self
-            .tiles
+        let rounding = self
+            .rounding
             .as_ref()
-            .expect("rounding only for the tensor-core kernels");
-        let mut held = tiles.rounded.lock().unwrap_or_else(|p| p.into_inner());
+            .expect("rounding only where kernels read x rounded");
+        let mut held = rounding.rounded.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = rounded_bytes(n, cols);
         if held.as_ref().is_none_or(|b| b.len() < bytes) {
             *held = Some(alloc(bytes)?);
@@ -139,7 +158,7 @@ impl Q8Kernels {
         let buf = held.as_mut().expect("just made");
         let (ni, ci) = (n as i32, cols as i32);
         let warps = (n * cols / QBLOCK) as u32;
-        let mut b = stream.launch_builder(&tiles.round);
+        let mut b = stream.launch_builder(&rounding.round);
         b.arg(x).arg(&ni).arg(&ci).arg(&mut *buf);
         let cfg = LaunchConfig {
             grid_dim: (warps.div_ceil(8), 1, 1),
@@ -159,9 +178,10 @@ impl Q8Kernels {
     }
 
     /// The kernel and launch for a part of `code` with `rows` outputs of `cols` inputs,
-    /// for `n` rows of x, and whether it is a tensor-core kernel (which reads x as
-    /// [`Q8Kernels::round`] left it); `None` where the 8-bit path does not take the part
-    /// (another format, a width not of whole 256-blocks, more shared memory than `limit`).
+    /// for `n` rows of x, and whether it reads x as [`Q8Kernels::round`] left it (as every
+    /// part of a product does where [`Self::reads_rounded`] says so); `None` where the
+    /// 8-bit path does not take the part (another format, a width not of whole 256-blocks,
+    /// more shared memory than `limit`).
     pub(super) fn launch(
         &self,
         code: WeightCode,
@@ -193,8 +213,16 @@ impl Q8Kernels {
             // A device with less shared memory a block (sm_86: 99 KiB) takes Q6_K's
             // products on `matvecq_F`: the same bits.
             if cfg.shared_mem_bytes as usize <= limit {
-                return Some((&tiles.kernels[slot], cfg, true));
+                return Some((&tiles[slot], cfg, true));
             }
+        }
+        if let (Some(one), 1) = (&self.one_rounded, n) {
+            let cfg = LaunchConfig {
+                grid_dim: ((rows as u32).div_ceil(QWARPS * QOUTS), 1, 1),
+                block_dim: (32 * QWARPS, 1, 1),
+                shared_mem_bytes: SLOTS_BYTES as u32,
+            };
+            return Some((&one[slot], cfg, true));
         }
         let nr = if n == 1 { 1 } else { QROWS };
         let shared = shared_bytes(cols, nr);
@@ -225,6 +253,10 @@ fn rounded_bytes(n: usize, cols: usize) -> usize {
     n * cols + n * cols / 16 * 4 + n * cols / QBLOCK * 4
 }
 
+/// The 16 four-float slots of each chain of a one-row block's warps (`QOUTS` a warp): all
+/// the dynamic shared memory of a block that reads x rounded (`matvec1r_F`).
+const SLOTS_BYTES: usize = (QWARPS * QOUTS) as usize * 16 * 16;
+
 /// A block's dynamic shared memory: `nr` rows of rounded x (half blocks [`QHALF`] bytes
 /// apart), their sums of each 16 values, their scales of each block of 256 (rounded up to
 /// four, so the slots after start 16-byte aligned), then 16 four-float slots for each of
@@ -232,7 +264,7 @@ fn rounded_bytes(n: usize, cols: usize) -> usize {
 fn shared_bytes(cols: usize, nr: usize) -> usize {
     nr * (cols / 128 * QHALF + cols / 16 * 4)
         + (nr * (cols / QBLOCK)).next_multiple_of(4) * 4
-        + (QWARPS * QOUTS) as usize * nr * 16 * 16
+        + nr * SLOTS_BYTES
 }
 
 #[cfg(test)]

@@ -114,6 +114,9 @@ pub(crate) const ATTEND_TILE_FROM: usize = 16;
 pub(crate) const ATTEND_MMA_WARPS: u32 = 4;
 /// (Row, head) pairs a tensor-core attention block computes (`AMMA_PAIRS`).
 pub(crate) const ATTEND_MMA_PAIRS: usize = 64;
+/// (Row, head) pairs of one `mma` tile: a launch of at most this many pairs (a decode step,
+/// a verify block) takes `attend_mma_split_{hd}`, one block whose warps share the tile.
+pub(crate) const ATTEND_MMA_TILE_PAIRS: usize = 16;
 /// Cache rows of K and of V a tensor-core attention block copies at a time, into each of
 /// its two buffers (`AMMA_CHUNK`).
 pub(crate) const ATTEND_MMA_CHUNK: usize = 64;
@@ -330,6 +333,7 @@ mod tests {
             "AMMA_WARPS"
         );
         assert_eq!(define("AMMA_PAIRS"), ATTEND_MMA_PAIRS, "AMMA_PAIRS");
+        assert_eq!(define("AMMA_TILE"), ATTEND_MMA_TILE_PAIRS, "AMMA_TILE");
         assert_eq!(define("AMMA_CHUNK"), ATTEND_MMA_CHUNK, "AMMA_CHUNK");
         for hd in ATTEND_MMA_HEADS {
             assert!(

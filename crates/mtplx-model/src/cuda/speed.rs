@@ -84,6 +84,17 @@ fn decode_kernels_at_llama3_8b_sizes() {
         });
         line(what, secs, ms[0].bytes());
     }
+    // The rounding of x that a decode step's 8-bit products read (included above).
+    for cols in [4096usize, 14_336] {
+        let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        let x = dev.upload(&x).unwrap();
+        if dev.round_decode_row(&x, cols).unwrap() {
+            let secs = time_launches(&dev, 64, 20, &mut |_| {
+                dev.round_decode_row(&x, cols).unwrap();
+            });
+            line(&format!("q8_round_rows 1x{cols} (in the above)"), secs, cols * 4);
+        }
+    }
     // Attention of one row over f16 caches of a layer's 8 KV heads of 128 values, 32 query
     // heads, parts launched for a 34,816-position window (as the server's 8B runs do) and
     // for the context's own length.

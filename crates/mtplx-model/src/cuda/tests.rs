@@ -438,12 +438,19 @@ fn assert_tensor_cores_where_built(dev: &CudaDevice, heads: (usize, usize, usize
     let built = dev.capability().0 >= 8
         && std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
         && ATTEND_MMA_HEADS.contains(&heads.2);
+    let split = built && std::env::var("MTPLX_CUDA_ATTEND_SPLIT").map_or(true, |v| v != "0");
     for n in [1, 4, 70] {
         let path = dev.attend_path(KvDtype::F16, heads, n).unwrap();
         assert_eq!(
             path == AttendPath::TensorCores,
             built,
             "{heads:?}, {n} rows: {path:?}"
+        );
+        // A decode step's row (and 4 rows of up to 4 heads a KV head) on the split kernel.
+        assert_eq!(
+            dev.attend_splits(heads, n).unwrap(),
+            split && n * (heads.0 / heads.1) <= 16,
+            "{heads:?}, {n} rows: split"
         );
     }
 }

@@ -7,7 +7,8 @@ use mtplx_kv::KvDtype;
 
 use super::{device_error, AttendParts, CudaDevice};
 use crate::cuda::source::{
-    attend_mma_shared, ATTEND_KEYS, ATTEND_MMA_PAIRS, ATTEND_MMA_WARPS, ATTEND_ROWS,
+    attend_mma_shared, ATTEND_KEYS, ATTEND_MMA_PAIRS, ATTEND_MMA_TILE_PAIRS, ATTEND_MMA_WARPS,
+    ATTEND_ROWS,
     ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MAX_SHARED_BYTES,
 };
 use crate::error::{ModelError, Result};
@@ -40,7 +41,7 @@ impl CudaDevice {
         let grouped = kvh > 0 && qh.is_multiple_of(kvh);
         if grouped
             && qh / kvh <= ATTEND_MMA_PAIRS
-            && kernels.attend_mma.iter().any(|(h, _)| *h == hd)
+            && kernels.attend_mma.iter().any(|k| k.head_dim == hd)
         {
             return Ok(AttendPath::TensorCores);
         }
@@ -57,8 +58,23 @@ impl CudaDevice {
         })
     }
 
+    /// Whether [`Self::attend`] of `n` rows of `heads` over an `f16` cache runs on the
+    /// tensor cores' split kernel (its pairs in one tile).
+    #[cfg(test)]
+    pub(crate) fn attend_splits(&self, heads: (usize, usize, usize), n: usize) -> Result<bool> {
+        let (qh, kvh, hd) = heads;
+        Ok(self.attend_path(KvDtype::F16, heads, n)? == AttendPath::TensorCores
+            && n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS
+            && self
+                .kv_kernels(KvDtype::F16)?
+                .attend_mma
+                .iter()
+                .any(|k| k.head_dim == hd && k.split.is_some()))
+    }
+
     /// [`Self::attend`] on tensor cores: launches of up to [`ATTEND_ROWS`] rows, a block per
-    /// [`ATTEND_MMA_PAIRS`] (row, head) pairs of a KV head and part.
+    /// [`ATTEND_MMA_PAIRS`] (row, head) pairs of a KV head and part, or one block for a
+    /// launch of at most [`ATTEND_MMA_TILE_PAIRS`] pairs.
     #[allow(clippy::too_many_arguments)]
     fn attend_mma(
         &self,
@@ -76,14 +92,20 @@ impl CudaDevice {
     ) -> Result<()> {
         let (qh, kvh, hd) = heads;
         let kernels = self.kv_kernels(kv_dtype)?;
-        let func = kernels
+        let mma = kernels
             .attend_mma
             .iter()
-            .find_map(|(h, f)| (*h == hd).then_some(f))
+            .find(|k| k.head_dim == hd)
             .ok_or_else(|| {
                 ModelError::Device(format!("no tensor-core attention for heads of {hd}"))
             })?;
-        let rows_per_block = ATTEND_MMA_PAIRS / (qh / kvh);
+        // A launch whose pairs fit one tile (one block, its warps sharing the tile's work:
+        // the same bits) or blocks of ATTEND_MMA_PAIRS pairs.
+        let (func, pairs) = match &mma.split {
+            Some(split) if n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS => (split, ATTEND_MMA_TILE_PAIRS),
+            _ => (&mma.rows, ATTEND_MMA_PAIRS),
+        };
+        let rows_per_block = pairs / (qh / kvh);
         let count = max_len.div_ceil(ATTEND_KEYS);
         let (qhi, kvhi, li, pi) = (qh as i32, kvh as i32, layer as i32, count as i32);
         let mut r0 = 0;
