@@ -340,8 +340,8 @@ extern "C" __global__ void embed(const unsigned* meta, const u8* table, int fmt,
 // fixed tree. The first NORM_HELD of a thread's values are loaded together into registers
 // (a row's loads in flight at once, not one after another) and reused for the output.
 #define NORM_HELD 16
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d,
-                                    float eps) {
+__device__ __forceinline__ void rms_norm_body(const float* x, const float* w, float* out, int d,
+                                              float eps) {
     __shared__ float red[32];
     const float* row = x + (long long)blockIdx.x * d;
     float* o = out + (long long)blockIdx.x * d;
@@ -364,6 +364,11 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
         if (j < d) o[j] = v[u] * inv * w[j];
     }
     for (int j = threadIdx.x + NORM_HELD * step; j < d; j += step) o[j] = row[j] * inv * w[j];
+}
+
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d,
+                                    float eps) {
+    rms_norm_body(x, w, out, d, eps);
 }
 
 // t plus a chunk's 32 products w[i] · x[i], x at xs (16-byte aligned), in value order:
@@ -623,6 +628,20 @@ __device__ __forceinline__ void q8k_round_warp(const float* v, unsigned* w, int*
     }
     *s16 = s + __shfl_xor_sync(FULL_MASK, s, 1);
     *d_out = d;
+}
+
+// One warp's block of 256 values (lane l holding values 8 l .. 8 l + 7 in v) rounded into
+// `q8_round_rows`' layout: its 256 bytes at q, its sums of each 16 values at s16, its scale
+// at *d.
+__device__ __forceinline__ void q8k_store_warp(const float* v, signed char* q, int* s16, float* d) {
+    int lane = threadIdx.x & 31;
+    unsigned w[2];
+    int s;
+    float dd;
+    q8k_round_warp(v, w, &s, &dd);
+    *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(w[0], w[1]);
+    if ((lane & 1) == 0) s16[lane >> 1] = s;
+    if (lane == 0) *d = dd;
 }
 
 // Rows 0 .. nr - 1 of x (rows of `in` values, in a multiple of 256) rounded into sq (int8
@@ -913,15 +932,53 @@ extern "C" __global__ void q8_round_rows(const float* __restrict__ x, int n, int
     const float4* xs = reinterpret_cast<const float4*>(x + (long long)r * in + 256 * b + 8 * lane);
     float4 p = xs[0], q = xs[1];
     float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-    unsigned w[2];
-    int s;
-    float d;
-    q8k_round_warp(v, w, &s, &d);
     int* sums = reinterpret_cast<int*>(out + (long long)n * in);
     float* scales = reinterpret_cast<float*>(sums + (long long)n * (in >> 4));
-    *reinterpret_cast<uint2*>(out + (long long)r * in + 256 * b + 8 * lane) = make_uint2(w[0], w[1]);
-    if ((lane & 1) == 0) sums[(long long)r * (in >> 4) + 16 * b + (lane >> 1)] = s;
-    if (lane == 0) scales[(long long)r * nb + b] = d;
+    q8k_store_warp(v, out + (long long)r * in + 256 * b, sums + (long long)r * (in >> 4) + 16 * b,
+                   scales + (long long)r * nb + b);
+}
+
+// A decode step's row normed as `rms_norm` normalizes it (out: the same floats), then
+// rounded into rq as `q8_round_rows` rounds one row (the numbers the products that read it
+// rounded take): no launch of its own before each product. The block's warps round its
+// blocks of 256 from the values it has just written (read back past L1: other threads
+// wrote them).
+extern "C" __global__ void rms_norm_q8(const float* x, const float* w, float* out, int d,
+                                       float eps, signed char* rq) {
+    rms_norm_body(x, w, out, d, eps);
+    __syncthreads();
+    int nb = d >> 8, warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int* sums = reinterpret_cast<int*>(rq + d);
+    float* scales = reinterpret_cast<float*>(sums + (d >> 4));
+    for (int b = warp; b < nb; b += warps) {
+        const float4* xs = reinterpret_cast<const float4*>(out + 256 * b + 8 * lane);
+        float4 p = __ldcg(xs), q = __ldcg(xs + 1);
+        float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        q8k_store_warp(v, rq + 256 * b, sums + 16 * b, scales + b);
+    }
+}
+
+// `silu_mul` of a decode step's row (`width` a multiple of 256), its output also rounded
+// into rq as `q8_round_rows` rounds one row: warp b computes values 256 b .. 256 b + 255
+// (lane l: 8 l .. 8 l + 7, each as silu_mul computes it) and rounds them.
+extern "C" __global__ void silu_mul_q8(const float* gu, float* out, int width, signed char* rq) {
+    int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (b >= (width >> 8)) return;
+    int i0 = 256 * b + 8 * lane;
+    const float4* g4 = reinterpret_cast<const float4*>(gu + i0);
+    const float4* u4 = reinterpret_cast<const float4*>(gu + width + i0);
+    float4 ga = g4[0], gb = g4[1], ua = u4[0], ub = u4[1];
+    float g[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+    float u[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+    float4* o4 = reinterpret_cast<float4*>(out + i0);
+    o4[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o4[1] = make_float4(v[4], v[5], v[6], v[7]);
+    int* sums = reinterpret_cast<int*>(rq + width);
+    float* scales = reinterpret_cast<float*>(sums + (width >> 4));
+    q8k_store_warp(v, rq + 256 * b, sums + 16 * b, scales + b);
 }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800

@@ -46,6 +46,9 @@ pub(super) struct Scratch {
     pub(super) attn_parts: AttendParts,
     pub(super) gate_up: CudaSlice<f32>,
     pub(super) act: CudaSlice<f32>,
+    /// A decode step's row of x rounded by the kernel that wrote it, for the 8-bit
+    /// products that read it so (`CudaDevice::rounds_row_for`).
+    pub(super) rounded: CudaSlice<u8>,
     pub(super) logits: CudaSlice<f32>,
     /// An MTP head's inputs: the trunk's hidden rows, and the two normed halves of the
     /// head's input (empty for the trunk).
@@ -93,6 +96,7 @@ impl Scratch {
             attn_parts: AttendParts::new(dev, rows, (c.num_heads, c.num_kv_heads, hd), max_len)?,
             gate_up: dev.zeros(rows * 2 * i)?,
             act: dev.zeros(rows * i)?,
+            rounded: dev.zeros(CudaDevice::rounded_row_bytes(h.max(i)))?,
             logits: dev.zeros(rows * out)?,
             head_in: [
                 dev.zeros(head_rows)?,
@@ -212,8 +216,16 @@ pub(super) fn launch_layer(
     let heads = (c.num_heads, c.num_kv_heads, hd);
     let eps = c.rms_norm_eps;
     let scale = 1.0 / (hd as f32).sqrt();
-    dev.rms_norm(&s.x, &l.attn_norm, &mut s.normed, n, h, eps)?;
-    dev.matvec(&l.qkv, &s.normed, &mut s.qkv, n, false)?;
+    // A decode step's 8-bit products read x rounded by the norm or silu_mul before them.
+    let rounds = |w| n == 1 && dev.rounds_row_for(w);
+    let rq = if rounds(&l.qkv) {
+        dev.rms_norm_rounding(&s.x, &l.attn_norm, &mut s.normed, h, eps, &mut s.rounded)?;
+        Some(&s.rounded)
+    } else {
+        dev.rms_norm(&s.x, &l.attn_norm, &mut s.normed, n, h, eps)?;
+        None
+    };
+    dev.matvec_from(&l.qkv, &s.normed, rq, &mut s.qkv, n, false)?;
     dev.qkv_post(
         &s.qkv,
         &mut s.q,
@@ -241,8 +253,20 @@ pub(super) fn launch_layer(
         max_len,
     )?;
     dev.matvec(&l.o, &s.attn, &mut s.x, n, true)?;
-    dev.rms_norm(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps)?;
-    dev.matvec(&l.gate_up, &s.normed, &mut s.gate_up, n, false)?;
-    dev.silu_mul(&s.gate_up, &mut s.act, n, c.intermediate_size)?;
-    dev.matvec(&l.down, &s.act, &mut s.x, n, true)
+    let rq = if rounds(&l.gate_up) {
+        dev.rms_norm_rounding(&s.x, &l.ffn_norm, &mut s.normed, h, eps, &mut s.rounded)?;
+        Some(&s.rounded)
+    } else {
+        dev.rms_norm(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps)?;
+        None
+    };
+    dev.matvec_from(&l.gate_up, &s.normed, rq, &mut s.gate_up, n, false)?;
+    let rq = if rounds(&l.down) {
+        dev.silu_mul_rounding(&s.gate_up, &mut s.act, c.intermediate_size, &mut s.rounded)?;
+        Some(&s.rounded)
+    } else {
+        dev.silu_mul(&s.gate_up, &mut s.act, n, c.intermediate_size)?;
+        None
+    };
+    dev.matvec_from(&l.down, &s.act, rq, &mut s.x, n, true)
 }

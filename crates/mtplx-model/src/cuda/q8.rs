@@ -79,7 +79,19 @@ struct Rounding {
 /// queued.
 pub(super) struct RoundedX<'a> {
     pub(super) address: u64,
-    _held: MutexGuard<'a, Option<CudaSlice<u8>>>,
+    /// The rounding buffer, where this product's launch rounded x into it (none where the
+    /// kernel that wrote x rounded it into the caller's buffer).
+    _held: Option<MutexGuard<'a, Option<CudaSlice<u8>>>>,
+}
+
+impl RoundedX<'_> {
+    /// x as the kernel that wrote it rounded it into `buf` (`rms_norm_q8`, `silu_mul_q8`).
+    pub(super) fn given(buf: &CudaSlice<u8>, stream: &Arc<CudaStream>) -> Self {
+        RoundedX {
+            address: buf.device_ptr(stream).0,
+            _held: None,
+        }
+    }
 }
 
 impl Q8Kernels {
@@ -119,7 +131,11 @@ impl Q8Kernels {
     pub(super) fn all(&self) -> impl Iterator<Item = &CudaFunction> {
         let tiles = self.tiles.iter().flatten();
         let rounded = self.one_rounded.iter().flatten();
-        self.rows.iter().chain(&self.one).chain(tiles).chain(rounded)
+        self.rows
+            .iter()
+            .chain(&self.one)
+            .chain(tiles)
+            .chain(rounded)
     }
 
     /// Whether a product of `n` rows of x goes to the tensor-core kernels (for its parts of
@@ -173,7 +189,7 @@ impl Q8Kernels {
         let address = buf.device_ptr(stream).0;
         Ok(RoundedX {
             address,
-            _held: held,
+            _held: Some(held),
         })
     }
 
@@ -247,9 +263,9 @@ impl Q8Kernels {
     }
 }
 
-/// Bytes of `n` rows of `cols` values rounded for the tensor-core kernels: the values, the
-/// sums of each 16, the scales of each 256 (`q8_round_rows`).
-fn rounded_bytes(n: usize, cols: usize) -> usize {
+/// Bytes of `n` rows of `cols` values rounded for the kernels that read x rounded: the
+/// values, the sums of each 16, the scales of each 256 (`q8_round_rows`).
+pub(super) fn rounded_bytes(n: usize, cols: usize) -> usize {
     n * cols + n * cols / 16 * 4 + n * cols / QBLOCK * 4
 }
 

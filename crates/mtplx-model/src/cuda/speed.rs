@@ -83,6 +83,18 @@ fn decode_kernels_at_llama3_8b_sizes() {
             dev.matvec(&ms[i % copies], &x, &mut y, 1, false).unwrap()
         });
         line(what, secs, ms[0].bytes());
+        // The product alone, x's row rounded by the kernel before it (a decode step's
+        // qkv, gate_up and down).
+        if dev.rounds_row_for(&ms[0]) {
+            let rq = dev
+                .zeros::<u8>(CudaDevice::rounded_row_bytes(cols))
+                .unwrap();
+            let secs = time_launches(&dev, per, 20, &mut |i| {
+                dev.matvec_from(&ms[i % copies], &x, Some(&rq), &mut y, 1, false)
+                    .unwrap()
+            });
+            line(&format!("{what}, x rounded before"), secs, ms[0].bytes());
+        }
     }
     // The rounding of x that a decode step's 8-bit products read (included above).
     for cols in [4096usize, 14_336] {
@@ -92,7 +104,11 @@ fn decode_kernels_at_llama3_8b_sizes() {
             let secs = time_launches(&dev, 64, 20, &mut |_| {
                 dev.round_decode_row(&x, cols).unwrap();
             });
-            line(&format!("q8_round_rows 1x{cols} (in the above)"), secs, cols * 4);
+            line(
+                &format!("q8_round_rows 1x{cols} (in the above)"),
+                secs,
+                cols * 4,
+            );
         }
     }
     // Attention of one row over f16 caches of a layer's 8 KV heads of 128 values, 32 query
@@ -152,10 +168,27 @@ fn decode_kernels_at_llama3_8b_sizes() {
         dev.rms_norm(&x, &w, &mut o, 1, h, 1e-5).unwrap()
     });
     line("rms_norm 1x4096", secs, h * 8);
+    let mut rq = dev
+        .zeros::<u8>(CudaDevice::rounded_row_bytes(14_336))
+        .unwrap();
+    if dev.has_rounding_writers() {
+        let secs = time_launches(&dev, 64, 20, &mut |_| {
+            dev.rms_norm_rounding(&x, &w, &mut o, h, 1e-5, &mut rq)
+                .unwrap()
+        });
+        line("rms_norm_q8 1x4096 (+ its rounding)", secs, h * 8);
+    }
     let gu: CudaSlice<f32> = dev.upload(&vec![0.5f32; 2 * 14_336]).unwrap();
     let mut act = dev.zeros::<f32>(14_336).unwrap();
     let secs = time_launches(&dev, 64, 20, &mut |_| {
         dev.silu_mul(&gu, &mut act, 1, 14_336).unwrap()
     });
     line("silu_mul 1x14336", secs, 14_336 * 12);
+    if dev.has_rounding_writers() {
+        let secs = time_launches(&dev, 64, 20, &mut |_| {
+            dev.silu_mul_rounding(&gu, &mut act, 14_336, &mut rq)
+                .unwrap()
+        });
+        line("silu_mul_q8 1x14336 (+ its rounding)", secs, 14_336 * 12);
+    }
 }

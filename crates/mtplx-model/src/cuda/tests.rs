@@ -313,6 +313,82 @@ fn a_two_format_product_on_tensor_cores_is_the_cpus_and_accumulates() {
     }
 }
 
+/// A decode step's row rounded by the kernel that writes it (`rms_norm_q8`, `silu_mul_q8`)
+/// is the row `rms_norm` and `silu_mul` write, bit for bit, and the 8-bit products that
+/// read that rounding give the CPU's products of the row (a block of zeros and one of tiny
+/// values included).
+#[test]
+fn a_row_rounded_by_its_writer_gives_the_products_bits() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(31);
+    let (cols, rows) = (17 * 256, 70);
+    let on = std::env::var("MTPLX_CUDA_DECODE_ROUNDED").map_or(true, |v| v != "0");
+    let plain = |x: &CudaSlice<f32>, len: usize| {
+        let mut v = vec![0f32; len];
+        dev.read(x, 0, &mut v).unwrap();
+        v
+    };
+    for format in [QuantFormat::Q4K, QuantFormat::Q6K] {
+        let bytes = random_blocks(format, rows, cols, &mut rng);
+        let host =
+            QuantMatrix::from_gguf_bytes_with(format, &bytes, rows, cols, Activations::Q8).unwrap();
+        let mut m = matrix(&dev, format, &bytes, rows, cols);
+        m.activations = Activations::Q8;
+        assert_eq!(dev.rounds_row_for(&m), on, "{format:?}");
+        if !on {
+            continue;
+        }
+        let check = |x: &CudaSlice<f32>, rq: &CudaSlice<u8>, what: &str| {
+            let mut want = vec![0f32; rows];
+            host.matmul(&plain(x, cols), 1, &mut want);
+            let mut y = dev.zeros::<f32>(rows).unwrap();
+            dev.matvec_from(&m, x, Some(rq), &mut y, 1, false).unwrap();
+            let got = plain(&y, rows);
+            for (o, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{format:?} {what} out {o}: {a} vs {b}"
+                );
+            }
+        };
+        let mut rq = dev
+            .zeros::<u8>(CudaDevice::rounded_row_bytes(cols))
+            .unwrap();
+        // The norm: a row, its weights with a block of zeros and one of tiny values.
+        let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        let mut w: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        w[256..512].fill(0.0);
+        for v in &mut w[512..768] {
+            *v *= 1e-30;
+        }
+        let (xd, wd) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
+        let mut a = dev.zeros::<f32>(cols).unwrap();
+        let mut b = dev.zeros::<f32>(cols).unwrap();
+        dev.rms_norm(&xd, &wd, &mut a, 1, cols, 1e-5).unwrap();
+        dev.rms_norm_rounding(&xd, &wd, &mut b, cols, 1e-5, &mut rq)
+            .unwrap();
+        assert_eq!(
+            plain(&a, cols),
+            plain(&b, cols),
+            "{format:?} the norm's values"
+        );
+        check(&b, &rq, "after the norm");
+        // silu_mul: gate values of zero in a block (its outputs all zero).
+        let mut gu: Vec<f32> = (0..2 * cols).map(|_| 4.0 * rng.unit()).collect();
+        gu[1024..1280].fill(0.0);
+        let gud = dev.upload(&gu).unwrap();
+        dev.silu_mul(&gud, &mut a, 1, cols).unwrap();
+        dev.silu_mul_rounding(&gud, &mut b, cols, &mut rq).unwrap();
+        assert_eq!(
+            plain(&a, cols),
+            plain(&b, cols),
+            "{format:?} silu_mul's values"
+        );
+        check(&b, &rq, "after silu_mul");
+    }
+}
+
 /// Bytes copied through pinned staging (several buffers' worth, so each buffer is reused
 /// while an earlier copy may still be in flight) land where they were sent, whatever the
 /// caller does with its own bytes after each call returns.

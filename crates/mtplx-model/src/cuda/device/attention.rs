@@ -8,8 +8,7 @@ use mtplx_kv::KvDtype;
 use super::{device_error, AttendParts, CudaDevice};
 use crate::cuda::source::{
     attend_mma_shared, ATTEND_KEYS, ATTEND_MMA_PAIRS, ATTEND_MMA_TILE_PAIRS, ATTEND_MMA_WARPS,
-    ATTEND_ROWS,
-    ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MAX_SHARED_BYTES,
+    ATTEND_ROWS, ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MAX_SHARED_BYTES,
 };
 use crate::error::{ModelError, Result};
 
@@ -63,13 +62,15 @@ impl CudaDevice {
     #[cfg(test)]
     pub(crate) fn attend_splits(&self, heads: (usize, usize, usize), n: usize) -> Result<bool> {
         let (qh, kvh, hd) = heads;
-        Ok(self.attend_path(KvDtype::F16, heads, n)? == AttendPath::TensorCores
-            && n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS
-            && self
-                .kv_kernels(KvDtype::F16)?
-                .attend_mma
-                .iter()
-                .any(|k| k.head_dim == hd && k.split.is_some()))
+        Ok(
+            self.attend_path(KvDtype::F16, heads, n)? == AttendPath::TensorCores
+                && n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS
+                && self
+                    .kv_kernels(KvDtype::F16)?
+                    .attend_mma
+                    .iter()
+                    .any(|k| k.head_dim == hd && k.split.is_some()),
+        )
     }
 
     /// [`Self::attend`] on tensor cores: launches of up to [`ATTEND_ROWS`] rows, a block per
@@ -102,7 +103,9 @@ impl CudaDevice {
         // A launch whose pairs fit one tile (one block, its warps sharing the tile's work:
         // the same bits) or blocks of ATTEND_MMA_PAIRS pairs.
         let (func, pairs) = match &mma.split {
-            Some(split) if n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS => (split, ATTEND_MMA_TILE_PAIRS),
+            Some(split) if n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS => {
+                (split, ATTEND_MMA_TILE_PAIRS)
+            }
             _ => (&mma.rows, ATTEND_MMA_PAIRS),
         };
         let rows_per_block = pairs / (qh / kvh);
