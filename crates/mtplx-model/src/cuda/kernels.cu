@@ -1829,6 +1829,19 @@ __device__ __forceinline__ void amma_load(unsigned short* sk, unsigned short* sv
     }
 }
 
+// Two consecutive output values of a pair: v / l to `direct` when the pair's context is
+// one part (`alone`), else v to its part's slot.
+__device__ __forceinline__ void amma_store_pair(bool alone, float* direct, float* slot, float v0,
+                                                float v1, float l) {
+    if (alone) {
+        direct[0] = v0 / l;
+        direct[1] = v1 / l;
+    } else {
+        slot[0] = v0;
+        slot[1] = v1;
+    }
+}
+
 template <int HD, bool SPLIT>
 __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned long long* kv,
                                                 int layer, float* part, int* done, float* out,
@@ -2027,29 +2040,15 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
         int ha = g * G + pa % G, hb = g * G + pb % G;
         float* ba = part + ((long long)ia * qh + ha) * parts * (HD + 2);
         float* bb = part + ((long long)ib * qh + hb) * parts * (HD + 2);
+        // A pair's two values of dimension tile d: straight to out (over l) where its
+        // context is this one part, else to its part's slot.
+        float* oa = out + ((long long)(r0 + ia) * qh + ha) * HD;
+        float* ob = out + ((long long)(r0 + ib) * qh + hb) * HD;
 #pragma unroll
         for (int d = 0; d < OT; d++) {
             int dim = 8 * ((SPLIT ? DPW * warp : 0) + d) + 2 * cq;
-            if (ina) {
-                if (npa == 1) {
-                    float* dst = out + ((long long)(r0 + ia) * qh + ha) * HD + dim;
-                    dst[0] = o[d][0] / la;
-                    dst[1] = o[d][1] / la;
-                } else {
-                    ba[ps * (HD + 2) + dim] = o[d][0];
-                    ba[ps * (HD + 2) + dim + 1] = o[d][1];
-                }
-            }
-            if (inb) {
-                if (npb == 1) {
-                    float* dst = out + ((long long)(r0 + ib) * qh + hb) * HD + dim;
-                    dst[0] = o[d][2] / lb;
-                    dst[1] = o[d][3] / lb;
-                } else {
-                    bb[ps * (HD + 2) + dim] = o[d][2];
-                    bb[ps * (HD + 2) + dim + 1] = o[d][3];
-                }
-            }
+            if (ina) amma_store_pair(npa == 1, oa + dim, ba + ps * (HD + 2) + dim, o[d][0], o[d][1], la);
+            if (inb) amma_store_pair(npb == 1, ob + dim, bb + ps * (HD + 2) + dim, o[d][2], o[d][3], lb);
         }
         // (SPLIT: every warp holds the same m and l; warp 0 writes and counts them.)
         bool counts = cq == 0 && (!SPLIT || warp == 0);

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use mtplx_kv::{KvDtype, KvView};
 
 use super::cache::CudaKvCache;
+use super::device::attention::AttendIn;
 use super::device::{AttendParts, CudaDevice, DeviceRope};
 use super::matrix::DeviceMatrix;
 
@@ -239,19 +240,18 @@ pub(super) fn launch_layer(
         l.qk_norm.as_ref(),
         eps,
     )?;
-    dev.attend(
-        &s.q,
-        &s.kv,
-        s.kv_dtype,
-        li,
-        &mut s.attn_parts,
-        &mut s.attn,
+    let a = AttendIn {
+        q: &s.q,
+        kv: &s.kv,
+        kv_dtype: s.kv_dtype,
+        layer: li,
         heads,
         n,
-        &s.meta,
+        meta: &s.meta,
         scale,
         max_len,
-    )?;
+    };
+    dev.attend(&a, &mut s.attn_parts, &mut s.attn)?;
     dev.matvec(&l.o, &s.attn, &mut s.x, n, true)?;
     let rq = if rounds(&l.gate_up) {
         dev.rms_norm_rounding(&s.x, &l.ffn_norm, &mut s.normed, h, eps, &mut s.rounded)?;

@@ -10,6 +10,7 @@ use cudarc::driver::CudaSlice;
 use mtplx_kv::{KvCache, KvDtype, KvShape};
 
 use super::cache::CudaKvCache;
+use super::device::attention::AttendIn;
 use super::device::{AttendParts, CudaDevice};
 use super::tests::{device, matrix, random_blocks, Rng};
 use crate::kernels::{Activations, QuantFormat};
@@ -137,20 +138,18 @@ fn decode_kernels_at_llama3_8b_sizes() {
         for window in [34_816usize, len] {
             let mut parts = AttendParts::new(&dev, 1, (qh, kvh, hd), window).unwrap();
             let secs = time_launches(&dev, layers.max(8), 20, &mut |i| {
-                dev.attend(
-                    &q,
-                    &kv,
-                    KvDtype::F16,
-                    i % layers,
-                    &mut parts,
-                    &mut out,
-                    (qh, kvh, hd),
-                    1,
-                    &meta,
-                    0.088,
-                    window,
-                )
-                .unwrap()
+                let a = AttendIn {
+                    q: &q,
+                    kv: &kv,
+                    kv_dtype: KvDtype::F16,
+                    layer: i % layers,
+                    heads: (qh, kvh, hd),
+                    n: 1,
+                    meta: &meta,
+                    scale: 0.088,
+                    max_len: window,
+                };
+                dev.attend(&a, &mut parts, &mut out).unwrap()
             });
             line(
                 &format!("attend_h 1 row, {len} keys, window {window}"),

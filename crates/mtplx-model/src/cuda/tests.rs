@@ -9,7 +9,7 @@ use half::f16;
 use mtplx_kv::{KvCache, KvDtype, KvShape, KvView};
 
 use super::cache::CudaKvCache;
-use super::device::attention::AttendPath;
+use super::device::attention::{AttendIn, AttendPath};
 use super::device::{AttendParts, CudaDevice};
 use super::matrix::DeviceMatrix;
 use super::source::ATTEND_MMA_HEADS;
@@ -435,11 +435,18 @@ impl Attention<'_> {
             .unwrap();
         let mut parts = AttendParts::new(dev, rows, self.heads, self.len).unwrap();
         let mut out = dev.zeros::<f32>(rows * qh * hd).unwrap();
-        dev.attend(
-            &qd, self.kv, self.dtype, 0, &mut parts, &mut out, self.heads, rows, &meta, self.scale,
-            self.len,
-        )
-        .unwrap();
+        let a = AttendIn {
+            q: &qd,
+            kv: self.kv,
+            kv_dtype: self.dtype,
+            layer: 0,
+            heads: self.heads,
+            n: rows,
+            meta: &meta,
+            scale: self.scale,
+            max_len: self.len,
+        };
+        dev.attend(&a, &mut parts, &mut out).unwrap();
         let mut host = vec![0f32; rows * qh * hd];
         dev.read(&out, 0, &mut host).unwrap();
         host

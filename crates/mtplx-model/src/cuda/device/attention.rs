@@ -12,6 +12,23 @@ use crate::cuda::source::{
 };
 use crate::error::{ModelError, Result};
 
+/// What an attention launch reads: `n` query rows `q` (`[n, qh, hd]`) of layer `layer`
+/// against the cache whose K and V addresses per layer `kv` holds (rows stored as
+/// `kv_dtype`), the rows' cache row and position in `meta` (see `kernels.cu`), a window of
+/// `max_len` positions (which sizes the launch's parts).
+pub(crate) struct AttendIn<'a> {
+    pub(crate) q: &'a CudaSlice<f32>,
+    pub(crate) kv: &'a CudaSlice<u64>,
+    pub(crate) kv_dtype: KvDtype,
+    pub(crate) layer: usize,
+    /// Query heads, KV heads, head size.
+    pub(crate) heads: (usize, usize, usize),
+    pub(crate) n: usize,
+    pub(crate) meta: &'a CudaSlice<u32>,
+    pub(crate) scale: f32,
+    pub(crate) max_len: usize,
+}
+
 /// The kernel a launch's attention runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AttendPath {
@@ -76,22 +93,23 @@ impl CudaDevice {
     /// [`Self::attend`] on tensor cores: launches of up to [`ATTEND_ROWS`] rows, a block per
     /// [`ATTEND_MMA_PAIRS`] (row, head) pairs of a KV head and part, or one block for a
     /// launch of at most [`ATTEND_MMA_TILE_PAIRS`] pairs.
-    #[allow(clippy::too_many_arguments)]
     fn attend_mma(
         &self,
-        q: &CudaSlice<f32>,
-        kv: &CudaSlice<u64>,
-        kv_dtype: KvDtype,
-        layer: usize,
+        a: &AttendIn,
         parts: &mut AttendParts,
         out: &mut CudaSlice<f32>,
-        heads: (usize, usize, usize),
-        n: usize,
-        meta: &CudaSlice<u32>,
-        scale: f32,
-        max_len: usize,
     ) -> Result<()> {
-        let (qh, kvh, hd) = heads;
+        let AttendIn {
+            q,
+            kv,
+            kv_dtype,
+            layer,
+            heads: (qh, kvh, hd),
+            n,
+            meta,
+            scale,
+            max_len,
+        } = *a;
         let kernels = self.kv_kernels(kv_dtype)?;
         let mma = kernels
             .attend_mma
@@ -181,27 +199,27 @@ impl CudaDevice {
     /// [`ATTEND_KEYS`] positions (as many as `max_len` needs: the launch's shape does not
     /// change with the context, so a captured pass replays at any length), merged in order
     /// by the last part of each row and head to finish. The kernel is [`Self::attend_path`]'s.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attend(
         &self,
-        q: &CudaSlice<f32>,
-        kv: &CudaSlice<u64>,
-        kv_dtype: KvDtype,
-        layer: usize,
+        a: &AttendIn,
         parts: &mut AttendParts,
         out: &mut CudaSlice<f32>,
-        heads: (usize, usize, usize),
-        n: usize,
-        meta: &CudaSlice<u32>,
-        scale: f32,
-        max_len: usize,
     ) -> Result<()> {
+        let AttendIn {
+            q,
+            kv,
+            kv_dtype,
+            layer,
+            heads,
+            n,
+            meta,
+            scale,
+            max_len,
+        } = *a;
         let (qh, kvh, hd) = heads;
         let path = self.attend_path(kv_dtype, heads, n)?;
         if path == AttendPath::TensorCores {
-            return self.attend_mma(
-                q, kv, kv_dtype, layer, parts, out, heads, n, meta, scale, max_len,
-            );
+            return self.attend_mma(a, parts, out);
         }
         let shared = self.attend_shared_bytes(hd)?;
         let kernels = self.kv_kernels(kv_dtype)?;
