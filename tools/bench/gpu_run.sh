@@ -18,7 +18,8 @@
 # CONTEXT (the window the shaped files declare; the shape's own when unset), LLAMA_CTX
 # (llama.cpp's -c, 8192), PARTS (gpu_server.py's parts, e.g. `llama` alone), DEVICE (cuda;
 # cpu tries the script on a machine without a GPU with SHAPE=tiny). The knobs and the
-# device go to res/run.json (`cargo xtask gpu-bench report` reads them).
+# device go to res/run.json (`cargo xtask gpu-bench report` reads them). TESTED=1 skips the
+# unit tests (an earlier call on the same warm machine ran them on the same binaries).
 set -uo pipefail
 G=$(realpath "${1:-.gl}")
 OUT=${OUT:-/tmp/gpu-out}
@@ -55,7 +56,7 @@ fi
 PACK="$G" GPU="$gpu" BW="$bw" python3 - "$W/res/run.json" <<'PY'
 import json, os, sys, time
 knobs = ("FILES", "KERNELS", "SIZES", "ROUNDS", "GEN", "CONTEXT", "LLAMA_CTX", "LLAMA", "RETURNING",
-         "PARTS", "SHAPE", "DEVICE", "STEP")
+         "PARTS", "SHAPE", "DEVICE", "STEP", "TESTED")
 # The commit the binaries were built from (gpu_pack.sh writes it; the device's copy of the
 # tree may have no .git).
 commit = open(os.environ["PACK"] + "/commit").read().strip() if os.path.exists(os.environ["PACK"] + "/commit") else None
@@ -105,7 +106,7 @@ use_source() {
 passed=""
 for k in $KERNELS; do
   src=${k%%[@/%]*}
-  if [ "$DEVICE" != cuda ]; then passed="$passed $k"; continue; fi
+  if [ "$DEVICE" != cuda ] || [ "${TESTED:-0}" = 1 ]; then passed="$passed $k"; continue; fi
   if [ ! -f "$W/res/tests-$src.txt" ]; then
     use_source "$src"
     echo "== unit tests, kernels $src"

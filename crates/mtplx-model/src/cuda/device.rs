@@ -14,7 +14,7 @@ use mtplx_kv::KvDtype;
 
 pub(crate) use super::fault::device_error;
 use super::matrix::{DeviceMatrix, Upload};
-use super::q8::{rounded_bytes, Q8Kernels, RoundedX};
+use super::q8::{Q8Kernels, RoundedX};
 use super::source::{
     attend_mma_shared, compile_source, quietly, source, LaunchShape, WeightCode, ATTEND_KEYS,
     ATTEND_MMA_HEADS, ATTEND_ROWS, MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS,
@@ -25,6 +25,7 @@ use crate::error::{ModelError, Result};
 use crate::kernels::Activations;
 
 pub(super) mod attention;
+mod rounded;
 
 struct Kernels {
     embed: CudaFunction,
@@ -465,77 +466,6 @@ impl CudaDevice {
         unsafe { b.launch(rows(n, ROW_THREADS, 0)) }
             .map(drop)
             .map_err(|e| device_error("rms_norm", e))
-    }
-
-    /// Whether a decode step's product with `w` reads its row of x rounded by the kernel
-    /// that wrote it ([`Self::rms_norm_rounding`], [`Self::silu_mul_rounding`]; then
-    /// [`Self::matvec_from`] takes the rounding).
-    pub(crate) fn rounds_row_for(&self, w: &DeviceMatrix) -> bool {
-        w.activations == Activations::Q8
-            && self.k.rms_norm_q8.is_some()
-            && self.k.silu_mul_q8.is_some()
-            && self
-                .k
-                .q8
-                .as_ref()
-                .is_some_and(|q8| q8.reads_rounded(1, w.cols))
-    }
-
-    /// Whether the source has the kernels that round the row they write.
-    #[cfg(test)]
-    pub(crate) fn has_rounding_writers(&self) -> bool {
-        self.k.rms_norm_q8.is_some() && self.k.silu_mul_q8.is_some()
-    }
-
-    /// Bytes of one row of `cols` values rounded as [`Self::rms_norm_rounding`] leaves it.
-    pub(crate) fn rounded_row_bytes(cols: usize) -> usize {
-        rounded_bytes(1, cols)
-    }
-
-    /// [`Self::rms_norm`] of one row, also rounded into `rq` (`rms_norm_q8`; where
-    /// [`Self::rounds_row_for`] says so).
-    pub(crate) fn rms_norm_rounding(
-        &self,
-        x: &CudaSlice<f32>,
-        w: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        d: usize,
-        eps: f32,
-        rq: &mut CudaSlice<u8>,
-    ) -> Result<()> {
-        let func = self.k.rms_norm_q8.as_ref().expect("rounds_row_for said so");
-        assert!(d.is_multiple_of(256) && rq.len() >= Self::rounded_row_bytes(d));
-        let di = d as i32;
-        let mut b = self.stream.launch_builder(func);
-        b.arg(x).arg(w).arg(out).arg(&di).arg(&eps).arg(rq);
-        // SAFETY: x and out hold a row of d (at least), w holds d, rq its rounding.
-        unsafe { b.launch(rows(1, ROW_THREADS, 0)) }
-            .map(drop)
-            .map_err(|e| device_error("rms_norm_q8", e))
-    }
-
-    /// [`Self::silu_mul`] of one row, also rounded into `rq` (`silu_mul_q8`).
-    pub(crate) fn silu_mul_rounding(
-        &self,
-        gate_up: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        width: usize,
-        rq: &mut CudaSlice<u8>,
-    ) -> Result<()> {
-        let func = self.k.silu_mul_q8.as_ref().expect("rounds_row_for said so");
-        assert!(width.is_multiple_of(256) && rq.len() >= Self::rounded_row_bytes(width));
-        let w = width as i32;
-        let mut b = self.stream.launch_builder(func);
-        b.arg(gate_up).arg(out).arg(&w).arg(rq);
-        let cfg = LaunchConfig {
-            grid_dim: ((width as u32 / 256).div_ceil(8), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: gate_up holds 2·width, out width, rq its rounding; a warp a block of 256.
-        unsafe { b.launch(cfg) }
-            .map(drop)
-            .map_err(|e| device_error("silu_mul_q8", e))
     }
 
     /// `y = x Wᵀ (+ bias) (+ y when accumulating)` for `n` rows: one launch per part of
