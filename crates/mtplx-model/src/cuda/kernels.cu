@@ -666,11 +666,9 @@ __device__ __forceinline__ void q8k_round(const float* __restrict__ x, int in, i
     }
 }
 
-// The 32 words (128 values) of half block q of rounded row r, half blocks XS bytes apart
-// (QHALF in a block's shared memory, 128 in `q8_round_rows`' buffer).
-template <int XS>
+// The 32 words (128 values) of half block q of rounded row r.
 __device__ __forceinline__ void q8_half(const signed char* sq, int in, int r, int q, int* xw) {
-    const int4* p = reinterpret_cast<const int4*>(sq + (r * (in >> 7) + q) * XS);
+    const int4* p = reinterpret_cast<const int4*>(sq + (r * (in >> 7) + q) * QHALF);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         int4 v = p[i];
@@ -680,8 +678,8 @@ __device__ __forceinline__ void q8_half(const signed char* sq, int in, int r, in
 
 // Half h of block b of a weight row at `row` against rows 0 .. nr - 1 of the rounded x:
 // the exact integer sums tot[r] (and, Q4_K, mins[r]); the block's two float scales in
-// *d and *dm (Q6_K: *dm unused). Half blocks of x are XS bytes apart (see q8_half).
-template <int FMT, int NR, int XS>
+// *d and *dm (Q6_K: *dm unused).
+template <int FMT, int NR>
 __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, int h, int nr,
                                              const signed char* sq, const int* ss, int in,
                                              int* tot, int* mins, float* d, float* dm) {
@@ -705,7 +703,7 @@ __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, 
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             if (r >= nr) break;
-            q8_half<XS>(sq, in, r, 2 * b + h, xw);
+            q8_half(sq, in, r, 2 * b + h, xw);
             int dot[4] = {0, 0, 0, 0};
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -744,7 +742,7 @@ __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, 
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             if (r >= nr) break;
-            q8_half<XS>(sq, in, r, 2 * b + h, xw);
+            q8_half(sq, in, r, 2 * b + h, xw);
             const int* s16 = ss + r * (in >> 4) + 16 * b + 8 * h;
             int t = 0;
 #pragma unroll
@@ -766,12 +764,14 @@ __device__ __forceinline__ void q8_half_sums(const u8* __restrict__ row, int b, 
 // words a row, rounded up to 4 words), then 16 float4 slots for each of a warp's QOUTS · NR
 // chains.
 //
-// ROUNDED (a decode step's one row, NR = 1): x is not rounded here but read as
-// `q8_round_rows` left it (one row: the values, then the sums of each 16, then the block
-// scales), the same numbers, so the same bits. Every block rounding x for itself (16 KB of
-// floats from L2 a block, a launch of hundreds of blocks) came before its first weight
-// load; read rounded, the weights' loads start the kernel. Its dynamic shared memory holds
-// only the slots.
+// ROUNDED (a decode step's one row, NR = 1): x is not rounded here but copied in as
+// `q8_round_rows` (or the kernel that wrote x) left it (one row: the values, then the sums
+// of each 16, then the block scales): the same numbers, so the same bits. A block rounding
+// x for itself reads 16 KB of floats from L2 and rounds them (a launch of hundreds of
+// blocks, before any weight load); the copy is 4.6 KB in 16-byte pieces. (The first form
+// read x straight from global memory, a lane's 128 bytes 128 bytes from its neighbour's,
+// each load touching 32 lines; with it, and the split attention, the server's decode steps
+// were 25% slower on an H200.)
 template <int FMT, int NR, bool ROUNDED>
 __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long long row_bytes,
                                                const float* __restrict__ x,
@@ -781,26 +781,22 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
     extern __shared__ int4 qsh[];
     int r0 = blockIdx.y * NR, nr = min(NR, n - r0);
     int nb = in >> 8;
-    const signed char* sq;
-    const int* ss;
-    const float* sd;
-    float4* slots;
+    signed char* sq = reinterpret_cast<signed char*>(qsh);
+    int* ss = reinterpret_cast<int*>(sq + NR * (in >> 7) * QHALF);
+    float* sd = reinterpret_cast<float*>(ss + NR * (in >> 4));
+    float4* slots = reinterpret_cast<float4*>(sd + ((NR * nb + 3) & ~3));
     if (ROUNDED) {
-        sq = reinterpret_cast<const signed char*>(x);
-        ss = reinterpret_cast<const int*>(sq + in);
-        sd = reinterpret_cast<const float*>(ss + (in >> 4));
-        slots = reinterpret_cast<float4*>(qsh);
+        const int4* values = reinterpret_cast<const int4*>(x);
+        const int4* sums = values + (in >> 4);
+        const float* scales = reinterpret_cast<const float*>(sums + (in >> 6));
+        for (int i = threadIdx.x; i < (in >> 4); i += blockDim.x)
+            *reinterpret_cast<int4*>(sq + (i >> 3) * QHALF + 16 * (i & 7)) = values[i];
+        for (int i = threadIdx.x; i < (in >> 6); i += blockDim.x) reinterpret_cast<int4*>(ss)[i] = sums[i];
+        for (int i = threadIdx.x; i < nb; i += blockDim.x) sd[i] = scales[i];
     } else {
-        signed char* q = reinterpret_cast<signed char*>(qsh);
-        int* s16 = reinterpret_cast<int*>(q + NR * (in >> 7) * QHALF);
-        float* d = reinterpret_cast<float*>(s16 + NR * (in >> 4));
-        slots = reinterpret_cast<float4*>(d + ((NR * nb + 3) & ~3));
-        q8k_round(x + (long long)r0 * in, in, nr, q, d, s16);
-        __syncthreads();
-        sq = q;
-        ss = s16;
-        sd = d;
+        q8k_round(x + (long long)r0 * in, in, nr, sq, sd, ss);
     }
+    __syncthreads();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * QOUTS;
     if (o0 >= rows) return;
@@ -818,9 +814,8 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
 #pragma unroll
             for (int r = 0; r < NR; r++) tot[r] = mins[r] = 0;
             if (b < nb && o0 + k < rows)
-                q8_half_sums<FMT, NR, ROUNDED ? 128 : QHALF>(W + (long long)(o0 + k) * row_bytes,
-                                                             b, h, nr, sq, ss, in, tot, mins,
-                                                             &d, &dm);
+                q8_half_sums<FMT, NR>(W + (long long)(o0 + k) * row_bytes, b, h, nr, sq, ss, in,
+                                      tot, mins, &d, &dm);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 int t = tot[r] + __shfl_xor_sync(FULL_MASK, tot[r], 1);

@@ -232,23 +232,15 @@ impl Q8Kernels {
                 return Some((&tiles[slot], cfg, true));
             }
         }
-        if let (Some(one), 1) = (&self.one_rounded, n) {
-            let cfg = LaunchConfig {
-                grid_dim: ((rows as u32).div_ceil(QWARPS * QOUTS), 1, 1),
-                block_dim: (32 * QWARPS, 1, 1),
-                shared_mem_bytes: SLOTS_BYTES as u32,
-            };
-            return Some((&one[slot], cfg, true));
-        }
         let nr = if n == 1 { 1 } else { QROWS };
         let shared = shared_bytes(cols, nr);
         if shared > limit {
             return None;
         }
-        let func = if n == 1 {
-            &self.one[slot]
-        } else {
-            &self.rows[slot]
+        let (func, rounded) = match (&self.one_rounded, n) {
+            (Some(one), 1) => (&one[slot], true),
+            (None, 1) => (&self.one[slot], false),
+            _ => (&self.rows[slot], false),
         };
         let cfg = LaunchConfig {
             grid_dim: (
@@ -259,7 +251,7 @@ impl Q8Kernels {
             block_dim: (32 * QWARPS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        Some((func, cfg, false))
+        Some((func, cfg, rounded))
     }
 }
 
@@ -269,10 +261,6 @@ pub(super) fn rounded_bytes(n: usize, cols: usize) -> usize {
     n * cols + n * cols / 16 * 4 + n * cols / QBLOCK * 4
 }
 
-/// The 16 four-float slots of each chain of a one-row block's warps (`QOUTS` a warp): all
-/// the dynamic shared memory of a block that reads x rounded (`matvec1r_F`).
-const SLOTS_BYTES: usize = (QWARPS * QOUTS) as usize * 16 * 16;
-
 /// A block's dynamic shared memory: `nr` rows of rounded x (half blocks [`QHALF`] bytes
 /// apart), their sums of each 16 values, their scales of each block of 256 (rounded up to
 /// four, so the slots after start 16-byte aligned), then 16 four-float slots for each of
@@ -280,7 +268,7 @@ const SLOTS_BYTES: usize = (QWARPS * QOUTS) as usize * 16 * 16;
 fn shared_bytes(cols: usize, nr: usize) -> usize {
     nr * (cols / 128 * QHALF + cols / 16 * 4)
         + (nr * (cols / QBLOCK)).next_multiple_of(4) * 4
-        + nr * SLOTS_BYTES
+        + (QWARPS * QOUTS) as usize * nr * 16 * 16
 }
 
 #[cfg(test)]

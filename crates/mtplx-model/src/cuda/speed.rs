@@ -66,6 +66,11 @@ fn decode_kernels_at_llama3_8b_sizes() {
         ("down Q4_K 4096x14336", QuantFormat::Q4K, 4096, 14336),
         ("head Q6_K 128256x4096", QuantFormat::Q6K, 128_256, 4096),
     ];
+    // The rounding buffer, grown outside the graphs' captures (a capture can't allocate):
+    // the widest row a product below rounds.
+    let widest: Vec<f32> = vec![0.5; 14_336];
+    dev.round_decode_row(&dev.upload(&widest).unwrap(), 14_336)
+        .unwrap();
     for (what, format, rows, cols) in products {
         let bytes = random_blocks(format, rows, cols, &mut rng);
         let copies = ROTATE_BYTES.div_ceil(bytes.len()).max(2);
