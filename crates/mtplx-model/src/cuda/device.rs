@@ -71,8 +71,8 @@ struct MmaAttend {
     /// `attend_mma_{hd}`: any launch.
     rows: CudaFunction,
     /// `attend_mma_split_{hd}`: a launch whose pairs fit one tile, its warps sharing the
-    /// tile's work (the same bits; `None` in an older source or with
-    /// `MTPLX_CUDA_ATTEND_SPLIT=0`, to time both in one binary).
+    /// tile's work (the same bits). Only with `MTPLX_CUDA_ATTEND_SPLIT=1` until a device
+    /// has timed it alone (see docs/bench/h200.md); `None` otherwise or in an older source.
     split: Option<CudaFunction>,
 }
 
@@ -192,7 +192,7 @@ impl CudaDevice {
                     attend_mma: if std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
                     {
                         let split =
-                            std::env::var("MTPLX_CUDA_ATTEND_SPLIT").map_or(true, |v| v != "0");
+                            std::env::var("MTPLX_CUDA_ATTEND_SPLIT").is_ok_and(|v| v == "1");
                         let load = |name: String, hd: usize| {
                             let func = module.load_function(&name).ok()?;
                             func.set_attribute(

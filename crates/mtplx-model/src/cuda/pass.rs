@@ -217,7 +217,8 @@ pub(super) fn launch_layer(
     let heads = (c.num_heads, c.num_kv_heads, hd);
     let eps = c.rms_norm_eps;
     let scale = 1.0 / (hd as f32).sqrt();
-    // A decode step's 8-bit products read x rounded by the norm or silu_mul before them.
+    // A decode step's 8-bit products read x rounded by the norm or silu_mul before them
+    // (where the device takes the kernels that read it so: MTPLX_CUDA_DECODE_ROUNDED=1).
     let rounds = |w| n == 1 && dev.rounds_row_for(w);
     let rq = if rounds(&l.qkv) {
         dev.rms_norm_rounding(&s.x, &l.attn_norm, &mut s.normed, h, eps, &mut s.rounded)?;
