@@ -82,6 +82,9 @@ impl Scratch {
         let head_rows = if head { rows * c.hidden_size } else { 1 };
         let (h, hd, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
+        // The passes over these buffers may be captured into graphs, where nothing can be
+        // allocated: a decode step's products find their rounding's room made.
+        dev.reserve_row_rounding(h.max(i).max(qd))?;
         Ok(Scratch {
             rows,
             meta: dev.zeros(rows + 2)?,

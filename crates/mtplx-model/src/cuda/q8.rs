@@ -152,6 +152,25 @@ impl Q8Kernels {
             && (self.takes_tiles(n) || (n == 1 && self.one_rounded.is_some()))
     }
 
+    /// Grows the rounding buffer (with `alloc`) to hold one row of `cols` values, so that a
+    /// decode step's rounding never allocates: its pass may be recorded into a graph, where
+    /// nothing can be (the device's allocation waits for the capture's lock: it hung).
+    pub(super) fn reserve_row(
+        &self,
+        alloc: &dyn Fn(usize) -> Result<CudaSlice<u8>>,
+        cols: usize,
+    ) -> Result<()> {
+        let Some(rounding) = &self.rounding else {
+            return Ok(());
+        };
+        let mut held = rounding.rounded.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = rounded_bytes(1, cols);
+        if held.as_ref().is_none_or(|b| b.len() < bytes) {
+            *held = Some(alloc(bytes)?);
+        }
+        Ok(())
+    }
+
     /// Rounds `n` rows of `cols` values of `x` (a multiple of 256) for the kernels that
     /// read x rounded (`q8_round_rows`) on `stream`, into the buffer they read (grown with
     /// `alloc`, the device's allocation).

@@ -68,9 +68,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
     ];
     // The rounding buffer, grown outside the graphs' captures (a capture can't allocate):
     // the widest row a product below rounds.
-    let widest: Vec<f32> = vec![0.5; 14_336];
-    dev.round_decode_row(&dev.upload(&widest).unwrap(), 14_336)
-        .unwrap();
+    dev.reserve_row_rounding(14_336).unwrap();
     for (what, format, rows, cols) in products {
         let bytes = random_blocks(format, rows, cols, &mut rng);
         let copies = ROTATE_BYTES.div_ceil(bytes.len()).max(2);

@@ -390,6 +390,37 @@ fn a_row_rounded_by_its_writer_gives_the_products_bits() {
     }
 }
 
+/// A decode step's product that rounds x itself (the o projection's, with
+/// `MTPLX_CUDA_DECODE_ROUNDED=1`), recorded into a graph before any other product ran (a
+/// server's first pass may be a captured one-row step), finds its rounding's room made by
+/// `reserve_row_rounding` and gives the CPU's bits; growing the buffer inside the capture
+/// would wait for the capture's own lock.
+#[test]
+fn a_captured_first_decode_product_rounds_without_allocating() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(37);
+    let (rows, cols) = (48, 3 * 256);
+    let bytes = random_blocks(QuantFormat::Q4K, rows, cols, &mut rng);
+    let host =
+        QuantMatrix::from_gguf_bytes_with(QuantFormat::Q4K, &bytes, rows, cols, Activations::Q8)
+            .unwrap();
+    let mut m = matrix(&dev, QuantFormat::Q4K, &bytes, rows, cols);
+    m.activations = Activations::Q8;
+    let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+    let mut want = vec![0f32; rows];
+    host.matmul(&x, 1, &mut want);
+    let xd = dev.upload(&x).unwrap();
+    let mut y = dev.zeros::<f32>(rows).unwrap();
+    dev.reserve_row_rounding(cols).unwrap();
+    let graph = dev
+        .capture(|| dev.matvec(&m, &xd, &mut y, 1, false))
+        .unwrap();
+    dev.replay(&graph).unwrap();
+    let mut got = vec![0f32; rows];
+    dev.read(&y, 0, &mut got).unwrap();
+    assert_eq!(got, want);
+}
+
 /// Bytes copied through pinned staging (several buffers' worth, so each buffer is reused
 /// while an earlier copy may still be in flight) land where they were sent, whatever the
 /// caller does with its own bytes after each call returns.

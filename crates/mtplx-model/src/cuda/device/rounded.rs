@@ -31,6 +31,16 @@ impl CudaDevice {
         self.k.rms_norm_q8.is_some() && self.k.silu_mul_q8.is_some()
     }
 
+    /// Makes room for the rounding of a decode step's row of up to `cols` values that a
+    /// product does itself (the o projection's, the head's), before any pass is captured
+    /// into a graph (a capture can't allocate).
+    pub(crate) fn reserve_row_rounding(&self, cols: usize) -> Result<()> {
+        match &self.k.q8 {
+            Some(q8) => q8.reserve_row(&|len| self.zeros(len), cols),
+            None => Ok(()),
+        }
+    }
+
     /// Bytes of one row of `cols` values rounded as [`Self::rms_norm_rounding`] leaves it.
     pub(crate) fn rounded_row_bytes(cols: usize) -> usize {
         rounded_bytes(1, cols)
