@@ -19,7 +19,9 @@
 # (llama.cpp's -c, 8192), PARTS (gpu_server.py's parts, e.g. `llama` alone), DEVICE (cuda;
 # cpu tries the script on a machine without a GPU with SHAPE=tiny). The knobs and the
 # device go to res/run.json (`cargo xtask gpu-bench report` reads them). TESTED=1 skips the
-# unit tests (an earlier call on the same warm machine ran them on the same binaries).
+# unit tests (an earlier call on the same warm machine ran them on the same binaries);
+# TEST_ENV=VAR=VALUE[,VAR=VALUE] runs them with those variables set (e.g. the opt-in kernels'
+# switches, whose tests then assert those kernels are taken).
 set -uo pipefail
 G=$(realpath "${1:-.gl}")
 OUT=${OUT:-/tmp/gpu-out}
@@ -56,7 +58,7 @@ fi
 PACK="$G" GPU="$gpu" BW="$bw" python3 - "$W/res/run.json" <<'PY'
 import json, os, sys, time
 knobs = ("FILES", "KERNELS", "SIZES", "ROUNDS", "GEN", "CONTEXT", "LLAMA_CTX", "LLAMA", "RETURNING",
-         "PARTS", "SHAPE", "DEVICE", "STEP", "TESTED")
+         "PARTS", "SHAPE", "DEVICE", "STEP", "TESTED", "TEST_ENV")
 # The commit the binaries were built from (gpu_pack.sh writes it; the device's copy of the
 # tree may have no .git).
 commit = open(os.environ["PACK"] + "/commit").read().strip() if os.path.exists(os.environ["PACK"] + "/commit") else None
@@ -109,8 +111,12 @@ for k in $KERNELS; do
   if [ "$DEVICE" != cuda ] || [ "${TESTED:-0}" = 1 ]; then passed="$passed $k"; continue; fi
   if [ ! -f "$W/res/tests-$src.txt" ]; then
     use_source "$src"
-    echo "== unit tests, kernels $src"
-    MTPLX_CUDA_TESTS=1 "$G/libtest" cuda:: --test-threads 1 > "$W/res/tests-$src.txt" 2>&1
+    echo "== unit tests, kernels $src${TEST_ENV:+, with $TEST_ENV}"
+    (
+      IFS=,
+      for kv_pair in ${TEST_ENV:-}; do export "${kv_pair?}"; done
+      MTPLX_CUDA_TESTS=1 "$G/libtest" cuda:: --test-threads 1
+    ) > "$W/res/tests-$src.txt" 2>&1
     echo $? > "$W/res/tests-$src.rc"
     grep "^test \|test result\|panicked\|vs " "$W/res/tests-$src.txt" | head -20
   fi

@@ -23,6 +23,8 @@ SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 case $cmd in
 pack)
   mkdir -p "$dir/t" "$dir/a" "$dir/b" "$dir/c"
+  # (A pack stopped before its end leaves paths.new behind: start it afresh.)
+  rm -f "$dir/t/paths.new"
   built() {
     cargo test "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import json,sys
 for l in sys.stdin:

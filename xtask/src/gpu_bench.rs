@@ -143,6 +143,31 @@ pub const PLAN: &[Step] = &[
         ],
     },
     Step {
+        name: "decode-ab",
+        measures: "the opt-in decode kernels (products reading x rounded once, attention \
+                   sharing a decode step's tile over its warps): the unit tests with both on, \
+                   then Q4_K_M through the server with each on against the default; \
+                   llama.cpp beside them",
+        shared: &[],
+        own: &[
+            ("FILES", "q4_k_m"),
+            ("SIZES", "490,3980,7900"),
+            ("CONTEXT", "16384"),
+            ("LLAMA_CTX", "16384"),
+            ("ROUNDS", "1"),
+            ("GEN", "32"),
+            ("LLAMA", "1"),
+            (
+                "KERNELS",
+                "builtin builtin%MTPLX_CUDA_DECODE_ROUNDED=1 builtin%MTPLX_CUDA_ATTEND_SPLIT=1",
+            ),
+            (
+                "TEST_ENV",
+                "MTPLX_CUDA_DECODE_ROUNDED=1,MTPLX_CUDA_ATTEND_SPLIT=1",
+            ),
+        ],
+    },
+    Step {
         name: "8b-32k",
         measures: "Q4_K_M at ~32K tokens on mtplx: prefill and decode, and the returning \
                    conversation (restored from SSD after a SIGKILL against its re-prefill)",
@@ -505,6 +530,7 @@ mod tests {
             "RETURNING",
             "PARTS",
             "SHAPE",
+            "TEST_ENV",
         ];
         let script =
             std::fs::read_to_string(crate::peer::workspace_root().join("tools/bench/gpu_run.sh"))
