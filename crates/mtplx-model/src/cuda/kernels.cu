@@ -851,25 +851,18 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
     }
 }
 
-#define MATVEC_Q8(F)                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvecq_##F(                   \
+// One entry of matvec_q8_body: NAME_F for NR rows a block, x ROUNDED beforehand or not.
+#define MATVEC_Q8_ENTRY(NAME, F, NR, ROUNDED)                                              \
+    extern "C" __global__ void __launch_bounds__(32 * QWARPS) NAME##_##F(                    \
         const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
         int in, int rows, int y_stride, int y_off, int accumulate) {                         \
-        matvec_q8_body<F, QROWS, false>(W, row_bytes, x, bias, y, n, in, rows, y_stride,     \
-                                        y_off, accumulate);                                  \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvec1q_##F(                  \
-        const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
-        int in, int rows, int y_stride, int y_off, int accumulate) {                         \
-        matvec_q8_body<F, 1, false>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,  \
-                                    accumulate);                                             \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * QWARPS) matvec1r_##F(                  \
-        const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
-        int in, int rows, int y_stride, int y_off, int accumulate) {                         \
-        matvec_q8_body<F, 1, true>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off,   \
-                                   accumulate);                                              \
+        matvec_q8_body<F, NR, ROUNDED>(W, row_bytes, x, bias, y, n, in, rows, y_stride,      \
+                                       y_off, accumulate);                                   \
     }
+#define MATVEC_Q8(F)                                                                        \
+    MATVEC_Q8_ENTRY(matvecq, F, QROWS, false)                                               \
+    MATVEC_Q8_ENTRY(matvec1q, F, 1, false)                                                  \
+    MATVEC_Q8_ENTRY(matvec1r, F, 1, true)
 MATVEC_Q8(8)
 MATVEC_Q8(10)
 
