@@ -223,14 +223,17 @@ pub(super) fn launch_layer(
     // A decode step's 8-bit products read x rounded by the norm or silu_mul before them
     // (where the device takes the kernels that read it so: MTPLX_CUDA_DECODE_ROUNDED=1).
     let rounds = |w| n == 1 && dev.rounds_row_for(w);
-    let rq = if rounds(&l.qkv) {
-        dev.rms_norm_rounding(&s.x, &l.attn_norm, &mut s.normed, h, eps, &mut s.rounded)?;
-        Some(&s.rounded)
-    } else {
-        dev.rms_norm(&s.x, &l.attn_norm, &mut s.normed, n, h, eps)?;
-        None
-    };
-    dev.matvec_from(&l.qkv, &s.normed, rq, &mut s.qkv, n, false)?;
+    let r = rounds(&l.qkv);
+    let rq = r.then_some(&mut s.rounded);
+    dev.rms_norm_rounding(&s.x, &l.attn_norm, &mut s.normed, n, h, eps, rq)?;
+    dev.matvec_from(
+        &l.qkv,
+        &s.normed,
+        r.then_some(&s.rounded),
+        &mut s.qkv,
+        n,
+        false,
+    )?;
     dev.qkv_post(
         &s.qkv,
         &mut s.q,
@@ -257,20 +260,24 @@ pub(super) fn launch_layer(
     };
     dev.attend(&a, &mut s.attn_parts, &mut s.attn)?;
     dev.matvec(&l.o, &s.attn, &mut s.x, n, true)?;
-    let rq = if rounds(&l.gate_up) {
-        dev.rms_norm_rounding(&s.x, &l.ffn_norm, &mut s.normed, h, eps, &mut s.rounded)?;
-        Some(&s.rounded)
-    } else {
-        dev.rms_norm(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps)?;
-        None
-    };
-    dev.matvec_from(&l.gate_up, &s.normed, rq, &mut s.gate_up, n, false)?;
-    let rq = if rounds(&l.down) {
-        dev.silu_mul_rounding(&s.gate_up, &mut s.act, c.intermediate_size, &mut s.rounded)?;
-        Some(&s.rounded)
-    } else {
-        dev.silu_mul(&s.gate_up, &mut s.act, n, c.intermediate_size)?;
-        None
-    };
-    dev.matvec_from(&l.down, &s.act, rq, &mut s.x, n, true)
+    let r = rounds(&l.gate_up);
+    let rq = r.then_some(&mut s.rounded);
+    dev.rms_norm_rounding(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps, rq)?;
+    dev.matvec_from(
+        &l.gate_up,
+        &s.normed,
+        r.then_some(&s.rounded),
+        &mut s.gate_up,
+        n,
+        false,
+    )?;
+    let (r, width) = (rounds(&l.down), c.intermediate_size);
+    dev.silu_mul_rounding(
+        &s.gate_up,
+        &mut s.act,
+        n,
+        width,
+        r.then_some(&mut s.rounded),
+    )?;
+    dev.matvec_from(&l.down, &s.act, r.then_some(&s.rounded), &mut s.x, n, true)
 }

@@ -75,6 +75,21 @@ struct Rounding {
     rounded: Mutex<Option<CudaSlice<u8>>>,
 }
 
+impl Rounding {
+    /// The buffer, held, grown with `alloc` to at least `bytes`.
+    fn holding(
+        &self,
+        alloc: &dyn Fn(usize) -> Result<CudaSlice<u8>>,
+        bytes: usize,
+    ) -> Result<MutexGuard<'_, Option<CudaSlice<u8>>>> {
+        let mut held = self.rounded.lock().unwrap_or_else(|p| p.into_inner());
+        if held.as_ref().is_none_or(|b| b.len() < bytes) {
+            *held = Some(alloc(bytes)?);
+        }
+        Ok(held)
+    }
+}
+
 /// What a product's parts take as x: the `f32` rows, or (tensor-core and rounded decode
 /// kernels) the device address of their rounding, held until the product's launches are
 /// queued.
@@ -160,15 +175,10 @@ impl Q8Kernels {
         alloc: &dyn Fn(usize) -> Result<CudaSlice<u8>>,
         cols: usize,
     ) -> Result<()> {
-        let Some(rounding) = &self.rounding else {
-            return Ok(());
-        };
-        let mut held = rounding.rounded.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes = rounded_bytes(1, cols);
-        if held.as_ref().is_none_or(|b| b.len() < bytes) {
-            *held = Some(alloc(bytes)?);
+        match &self.rounding {
+            Some(rounding) => rounding.holding(alloc, rounded_bytes(1, cols)).map(drop),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Rounds `n` rows of `cols` values of `x` (a multiple of 256) for the kernels that
@@ -186,11 +196,7 @@ impl Q8Kernels {
             .rounding
             .as_ref()
             .expect("rounding only where kernels read x rounded");
-        let mut held = rounding.rounded.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes = rounded_bytes(n, cols);
-        if held.as_ref().is_none_or(|b| b.len() < bytes) {
-            *held = Some(alloc(bytes)?);
-        }
+        let mut held = rounding.holding(alloc, rounded_bytes(n, cols))?;
         let buf = held.as_mut().expect("just made");
         let (ni, ci) = (n as i32, cols as i32);
         let warps = (n * cols / QBLOCK) as u32;

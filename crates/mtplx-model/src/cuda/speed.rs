@@ -175,7 +175,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
         .unwrap();
     if dev.has_rounding_writers() {
         let secs = time_launches(&dev, 64, 20, &mut |_| {
-            dev.rms_norm_rounding(&x, &w, &mut o, h, 1e-5, &mut rq)
+            dev.rms_norm_rounding(&x, &w, &mut o, 1, h, 1e-5, Some(&mut rq))
                 .unwrap()
         });
         line("rms_norm_q8 1x4096 (+ its rounding)", secs, h * 8);
@@ -188,7 +188,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
     line("silu_mul 1x14336", secs, 14_336 * 12);
     if dev.has_rounding_writers() {
         let secs = time_launches(&dev, 64, 20, &mut |_| {
-            dev.silu_mul_rounding(&gu, &mut act, 14_336, &mut rq)
+            dev.silu_mul_rounding(&gu, &mut act, 1, 14_336, Some(&mut rq))
                 .unwrap()
         });
         line("silu_mul_q8 1x14336 (+ its rounding)", secs, 14_336 * 12);

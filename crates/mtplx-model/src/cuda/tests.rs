@@ -367,7 +367,7 @@ fn a_row_rounded_by_its_writer_gives_the_products_bits() {
         let mut a = dev.zeros::<f32>(cols).unwrap();
         let mut b = dev.zeros::<f32>(cols).unwrap();
         dev.rms_norm(&xd, &wd, &mut a, 1, cols, 1e-5).unwrap();
-        dev.rms_norm_rounding(&xd, &wd, &mut b, cols, 1e-5, &mut rq)
+        dev.rms_norm_rounding(&xd, &wd, &mut b, 1, cols, 1e-5, Some(&mut rq))
             .unwrap();
         assert_eq!(
             plain(&a, cols),
@@ -380,7 +380,8 @@ fn a_row_rounded_by_its_writer_gives_the_products_bits() {
         gu[1024..1280].fill(0.0);
         let gud = dev.upload(&gu).unwrap();
         dev.silu_mul(&gud, &mut a, 1, cols).unwrap();
-        dev.silu_mul_rounding(&gud, &mut b, cols, &mut rq).unwrap();
+        dev.silu_mul_rounding(&gud, &mut b, 1, cols, Some(&mut rq))
+            .unwrap();
         assert_eq!(
             plain(&a, cols),
             plain(&b, cols),

@@ -16,8 +16,7 @@ impl CudaDevice {
     /// [`Self::matvec_from`] takes the rounding).
     pub(crate) fn rounds_row_for(&self, w: &DeviceMatrix) -> bool {
         w.activations == Activations::Q8
-            && self.k.rms_norm_q8.is_some()
-            && self.k.silu_mul_q8.is_some()
+            && self.has_rounding_writers()
             && self
                 .k
                 .q8
@@ -26,7 +25,6 @@ impl CudaDevice {
     }
 
     /// Whether the source has the kernels that round the row they write.
-    #[cfg(test)]
     pub(crate) fn has_rounding_writers(&self) -> bool {
         self.k.rms_norm_q8.is_some() && self.k.silu_mul_q8.is_some()
     }
@@ -46,17 +44,23 @@ impl CudaDevice {
         rounded_bytes(1, cols)
     }
 
-    /// [`Self::rms_norm`] of one row, also rounded into `rq` (`rms_norm_q8`; where
-    /// [`Self::rounds_row_for`] says so).
+    /// [`Self::rms_norm`] of `n` rows; with `rq` (one row, where [`Self::rounds_row_for`]
+    /// says so) the row also rounded into it (`rms_norm_q8`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn rms_norm_rounding(
         &self,
         x: &CudaSlice<f32>,
         w: &CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
+        n: usize,
         d: usize,
         eps: f32,
-        rq: &mut CudaSlice<u8>,
+        rq: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
+        let Some(rq) = rq else {
+            return self.rms_norm(x, w, out, n, d, eps);
+        };
+        assert_eq!(n, 1, "a decode step's row");
         let func = self.k.rms_norm_q8.as_ref().expect("rounds_row_for said so");
         assert!(d.is_multiple_of(256) && rq.len() >= Self::rounded_row_bytes(d));
         let di = d as i32;
@@ -68,14 +72,20 @@ impl CudaDevice {
             .map_err(|e| device_error("rms_norm_q8", e))
     }
 
-    /// [`Self::silu_mul`] of one row, also rounded into `rq` (`silu_mul_q8`).
+    /// [`Self::silu_mul`] of `n` rows; with `rq` (one row) also rounded into it
+    /// (`silu_mul_q8`).
     pub(crate) fn silu_mul_rounding(
         &self,
         gate_up: &CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
+        n: usize,
         width: usize,
-        rq: &mut CudaSlice<u8>,
+        rq: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
+        let Some(rq) = rq else {
+            return self.silu_mul(gate_up, out, n, width);
+        };
+        assert_eq!(n, 1, "a decode step's row");
         let func = self.k.silu_mul_q8.as_ref().expect("rounds_row_for said so");
         assert!(width.is_multiple_of(256) && rq.len() >= Self::rounded_row_bytes(width));
         let w = width as i32;
