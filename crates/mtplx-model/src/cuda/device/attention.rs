@@ -2,10 +2,10 @@
 //! else a block per (row, head, part), or for a prefill chunk over an `f16` cache a block
 //! per 16 rows of a KV head (`attend_tile_h`, the same bits as the per-row kernel).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use mtplx_kv::KvDtype;
 
-use super::{device_error, AttendParts, CudaDevice};
+use super::{device_error, AttendParts, CudaDevice, MmaAttend};
 use crate::cuda::source::{
     attend_mma_shared, ATTEND_KEYS, ATTEND_MMA_PAIRS, ATTEND_MMA_TILE_PAIRS, ATTEND_MMA_WARPS,
     ATTEND_ROWS, ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MAX_SHARED_BYTES,
@@ -40,6 +40,18 @@ pub(crate) enum AttendPath {
     Tiles,
     /// `attend` / `attend_h`: a block per (row, head, part).
     PerRow,
+}
+
+impl MmaAttend {
+    /// The kernel for a launch of `n` rows of `g` query heads a KV head, and the (row, head)
+    /// pairs a block of it takes: one tile, its warps sharing the tile's work (the same
+    /// bits), where the launch's pairs fit one; else blocks of [`ATTEND_MMA_PAIRS`].
+    fn launch_for(&self, g: usize, n: usize) -> (&CudaFunction, usize) {
+        match &self.split {
+            Some(split) if n * g <= ATTEND_MMA_TILE_PAIRS => (split, ATTEND_MMA_TILE_PAIRS),
+            _ => (&self.rows, ATTEND_MMA_PAIRS),
+        }
+    }
 }
 
 impl CudaDevice {
@@ -81,12 +93,12 @@ impl CudaDevice {
         let (qh, kvh, hd) = heads;
         Ok(
             self.attend_path(KvDtype::F16, heads, n)? == AttendPath::TensorCores
-                && n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS
                 && self
                     .kv_kernels(KvDtype::F16)?
                     .attend_mma
                     .iter()
-                    .any(|k| k.head_dim == hd && k.split.is_some()),
+                    .find(|k| k.head_dim == hd)
+                    .is_some_and(|k| k.launch_for(qh / kvh, n).1 == ATTEND_MMA_TILE_PAIRS),
         )
     }
 
@@ -118,14 +130,7 @@ impl CudaDevice {
             .ok_or_else(|| {
                 ModelError::Device(format!("no tensor-core attention for heads of {hd}"))
             })?;
-        // A launch whose pairs fit one tile (one block, its warps sharing the tile's work:
-        // the same bits) or blocks of ATTEND_MMA_PAIRS pairs.
-        let (func, pairs) = match &mma.split {
-            Some(split) if n * (qh / kvh) <= ATTEND_MMA_TILE_PAIRS => {
-                (split, ATTEND_MMA_TILE_PAIRS)
-            }
-            _ => (&mma.rows, ATTEND_MMA_PAIRS),
-        };
+        let (func, pairs) = mma.launch_for(qh / kvh, n);
         let rows_per_block = pairs / (qh / kvh);
         let count = max_len.div_ceil(ATTEND_KEYS);
         let (qhi, kvhi, li, pi) = (qh as i32, kvh as i32, layer as i32, count as i32);
