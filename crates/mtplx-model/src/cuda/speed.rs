@@ -18,14 +18,22 @@ use crate::kernels::{Activations, QuantFormat};
 /// Bytes a kernel's inputs span across its rotated copies: well past a 50 MB L2.
 const ROTATE_BYTES: usize = 200 << 20;
 
+/// A count from the environment, else `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Seconds one launch of `launch` takes, from graphs of `per_graph` launches (launch `i`
-/// gets `i`), replayed `replays` times after a warm-up.
-fn time_launches(
-    dev: &CudaDevice,
-    per_graph: usize,
-    replays: usize,
-    launch: &mut dyn FnMut(usize),
-) -> f64 {
+/// gets `i`), replayed 20 times after a warm-up. Under a profiler, which replays each
+/// kernel itself, `MTPLX_SPEED_REPLAYS=0 MTPLX_SPEED_PER=1` launches each kernel once.
+fn time_launches(dev: &CudaDevice, per_graph: usize, launch: &mut dyn FnMut(usize)) -> f64 {
+    let replays = env_count("MTPLX_SPEED_REPLAYS", 20);
+    let per_graph = per_graph
+        .min(env_count("MTPLX_SPEED_PER", per_graph))
+        .max(1);
     let graph = dev
         .capture(|| {
             (0..per_graph).for_each(&mut *launch);
@@ -39,7 +47,7 @@ fn time_launches(
         dev.replay(&graph).unwrap();
     }
     dev.sync().unwrap();
-    t.elapsed().as_secs_f64() / (per_graph * replays) as f64
+    t.elapsed().as_secs_f64() / (per_graph * replays.max(1)) as f64
 }
 
 fn line(what: &str, secs: f64, bytes: usize) {
@@ -83,7 +91,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
         let x = dev.upload(&x).unwrap();
         let mut y = dev.zeros::<f32>(rows).unwrap();
         let per = copies.max(8);
-        let secs = time_launches(&dev, per, 20, &mut |i| {
+        let secs = time_launches(&dev, per, &mut |i| {
             dev.matvec(&ms[i % copies], &x, &mut y, 1, false).unwrap()
         });
         line(what, secs, ms[0].bytes());
@@ -93,7 +101,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
             let rq = dev
                 .zeros::<u8>(CudaDevice::rounded_row_bytes(cols))
                 .unwrap();
-            let secs = time_launches(&dev, per, 20, &mut |i| {
+            let secs = time_launches(&dev, per, &mut |i| {
                 dev.matvec_from(&ms[i % copies], &x, Some(&rq), &mut y, 1, false)
                     .unwrap()
             });
@@ -105,7 +113,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
         let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
         let x = dev.upload(&x).unwrap();
         if dev.round_decode_row(&x, cols).unwrap() {
-            let secs = time_launches(&dev, 64, 20, &mut |_| {
+            let secs = time_launches(&dev, 64, &mut |_| {
                 dev.round_decode_row(&x, cols).unwrap();
             });
             line(
@@ -140,7 +148,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
         let mut out = dev.zeros::<f32>(qh * hd).unwrap();
         for window in [34_816usize, len] {
             let mut parts = AttendParts::new(&dev, 1, (qh, kvh, hd), window).unwrap();
-            let secs = time_launches(&dev, layers.max(8), 20, &mut |i| {
+            let secs = time_launches(&dev, layers.max(8), &mut |i| {
                 let a = AttendIn {
                     q: &q,
                     kv: &kv,
@@ -166,7 +174,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
     let x: CudaSlice<f32> = dev.upload(&vec![0.5f32; h]).unwrap();
     let w: CudaSlice<f32> = dev.upload(&vec![1.0f32; h]).unwrap();
     let mut o = dev.zeros::<f32>(h).unwrap();
-    let secs = time_launches(&dev, 64, 20, &mut |_| {
+    let secs = time_launches(&dev, 64, &mut |_| {
         dev.rms_norm(&x, &w, &mut o, 1, h, 1e-5).unwrap()
     });
     line("rms_norm 1x4096", secs, h * 8);
@@ -174,7 +182,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
         .zeros::<u8>(CudaDevice::rounded_row_bytes(14_336))
         .unwrap();
     if dev.has_rounding_writers() {
-        let secs = time_launches(&dev, 64, 20, &mut |_| {
+        let secs = time_launches(&dev, 64, &mut |_| {
             dev.rms_norm_rounding(&x, &w, &mut o, 1, h, 1e-5, Some(&mut rq))
                 .unwrap()
         });
@@ -182,12 +190,12 @@ fn decode_kernels_at_llama3_8b_sizes() {
     }
     let gu: CudaSlice<f32> = dev.upload(&vec![0.5f32; 2 * 14_336]).unwrap();
     let mut act = dev.zeros::<f32>(14_336).unwrap();
-    let secs = time_launches(&dev, 64, 20, &mut |_| {
+    let secs = time_launches(&dev, 64, &mut |_| {
         dev.silu_mul(&gu, &mut act, 1, 14_336).unwrap()
     });
     line("silu_mul 1x14336", secs, 14_336 * 12);
     if dev.has_rounding_writers() {
-        let secs = time_launches(&dev, 64, 20, &mut |_| {
+        let secs = time_launches(&dev, 64, &mut |_| {
             dev.silu_mul_rounding(&gu, &mut act, 1, 14_336, Some(&mut rq))
                 .unwrap()
         });
