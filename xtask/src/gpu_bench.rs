@@ -144,10 +144,10 @@ pub const PLAN: &[Step] = &[
     },
     Step {
         name: "decode-ab",
-        measures: "the opt-in decode kernels (products reading x rounded once, attention \
-                   sharing a decode step's tile over its warps): the unit tests with both on, \
-                   then Q4_K_M through the server with each on against the default; \
-                   llama.cpp beside them",
+        measures: "the decode kernels that have switches (products reading x rounded once, \
+                   attention sharing a decode step's tile over its warps): the unit tests with \
+                   both off, then Q4_K_M through the server with each off against the \
+                   default; llama.cpp beside them",
         shared: &[],
         own: &[
             ("FILES", "q4_k_m"),
@@ -159,11 +159,11 @@ pub const PLAN: &[Step] = &[
             ("LLAMA", "1"),
             (
                 "KERNELS",
-                "builtin builtin%MTPLX_CUDA_DECODE_ROUNDED=1 builtin%MTPLX_CUDA_ATTEND_SPLIT=1",
+                "builtin builtin%MTPLX_CUDA_DECODE_ROUNDED=0 builtin%MTPLX_CUDA_ATTEND_SPLIT=0",
             ),
             (
                 "TEST_ENV",
-                "MTPLX_CUDA_DECODE_ROUNDED=1,MTPLX_CUDA_ATTEND_SPLIT=1",
+                "MTPLX_CUDA_DECODE_ROUNDED=0,MTPLX_CUDA_ATTEND_SPLIT=0",
             ),
         ],
     },

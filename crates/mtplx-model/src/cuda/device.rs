@@ -71,8 +71,8 @@ struct MmaAttend {
     /// `attend_mma_{hd}`: any launch.
     rows: CudaFunction,
     /// `attend_mma_split_{hd}`: a launch whose pairs fit one tile, its warps sharing the
-    /// tile's work (the same bits). Only with `MTPLX_CUDA_ATTEND_SPLIT=1` until a device
-    /// has timed it alone (see docs/bench/h200.md); `None` otherwise or in an older source.
+    /// tile's work (the same bits). `None` with `MTPLX_CUDA_ATTEND_SPLIT=0` (to time it
+    /// against `rows` in one binary; see docs/bench/h200.md) or in an older source.
     split: Option<CudaFunction>,
 }
 
@@ -180,7 +180,7 @@ impl CudaDevice {
                     // (and not with MTPLX_CUDA_ATTEND_TILE=0: the per-row kernel, the same
                     // bits, so one binary times both).
                     attend_tile: module.load_function("attend_tile_h").ok().filter(|f| {
-                        std::env::var("MTPLX_CUDA_ATTEND_TILE").map_or(true, |v| v != "0") &&
+                        super::switches::switched_on("MTPLX_CUDA_ATTEND_TILE") &&
                         f.set_attribute(
                             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                             shared_limit,
@@ -189,10 +189,8 @@ impl CudaDevice {
                     }),
                     // Where its shared memory can be set (and not with
                     // MTPLX_CUDA_ATTEND_MMA=0, to time the kernels above in one binary).
-                    attend_mma: if std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
-                    {
-                        let split =
-                            std::env::var("MTPLX_CUDA_ATTEND_SPLIT").is_ok_and(|v| v == "1");
+                    attend_mma: if super::switches::switched_on("MTPLX_CUDA_ATTEND_MMA") {
+                        let split = super::switches::switched_on("MTPLX_CUDA_ATTEND_SPLIT");
                         let load = |name: String, hd: usize| {
                             let func = module.load_function(&name).ok()?;
                             func.set_attribute(

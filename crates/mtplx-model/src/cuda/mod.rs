@@ -27,6 +27,7 @@ mod source;
 #[cfg(test)]
 mod speed;
 mod staging;
+mod switches;
 #[cfg(test)]
 mod tests;
 

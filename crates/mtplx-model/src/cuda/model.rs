@@ -114,7 +114,7 @@ impl CudaModel {
             interleaved: model.rope.style() == RopeStyle::Interleaved,
         };
         let max_len = c.context_length.min(model.rope.max_positions());
-        let graphs = std::env::var("MTPLX_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        let graphs = super::switches::switched_on("MTPLX_CUDA_GRAPHS");
         Ok(CudaModel {
             host_embed: model.embed.clone(),
             max_len,

@@ -221,7 +221,8 @@ pub(super) fn launch_layer(
     let eps = c.rms_norm_eps;
     let scale = 1.0 / (hd as f32).sqrt();
     // A decode step's 8-bit products read x rounded by the norm or silu_mul before them
-    // (where the device takes the kernels that read it so: MTPLX_CUDA_DECODE_ROUNDED=1).
+    // (where the device takes the kernels that read it so: not with
+    // MTPLX_CUDA_DECODE_ROUNDED=0).
     let rounds = |w| n == 1 && dev.rounds_row_for(w);
     let r = rounds(&l.qkv);
     let rq = r.then_some(&mut s.rounded);

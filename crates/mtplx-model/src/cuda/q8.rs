@@ -55,10 +55,10 @@ pub(super) const MMQ_FROM_ROWS: usize = 16;
 pub(super) struct Q8Kernels {
     rows: [CudaFunction; 2],
     one: [CudaFunction; 2],
-    /// For one row, reading x rounded beforehand (`matvec1r_F`): only with
-    /// `MTPLX_CUDA_DECODE_ROUNDED=1` until a device has timed its current form (see
-    /// docs/bench/h200.md); else a decode step's products round x in each block (`one`, the
-    /// same bits, so one binary times both) as do those of a source without them.
+    /// For one row, reading x rounded beforehand (`matvec1r_F`), unless
+    /// `MTPLX_CUDA_DECODE_ROUNDED=0`: then a decode step's products round x in each block
+    /// (`one`, the same bits, so one binary times both; see docs/bench/h200.md), as do
+    /// those of a source without them.
     one_rounded: Option<[CudaFunction; 2]>,
     tiles: Option<[CudaFunction; 2]>,
     /// `q8_round_rows` and the buffer it rounds into, for the kernels that read x rounded
@@ -127,7 +127,7 @@ impl Q8Kernels {
             (Ok(a), Ok(b)) if rounding.is_some() => Some([a, b]),
             _ => None,
         };
-        let decode_rounded = std::env::var("MTPLX_CUDA_DECODE_ROUNDED").is_ok_and(|v| v == "1");
+        let decode_rounded = super::switches::switched_on("MTPLX_CUDA_DECODE_ROUNDED");
         Ok(Q8Kernels {
             rows: [load("matvecq_8")?, load("matvecq_10")?],
             one: [load("matvec1q_8")?, load("matvec1q_10")?],

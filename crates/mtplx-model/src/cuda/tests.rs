@@ -322,8 +322,8 @@ fn a_row_rounded_by_its_writer_gives_the_products_bits() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(31);
     let (cols, rows) = (17 * 256, 70);
-    // Opt-in until timed (the device runs of the tests set it, so they test these kernels).
-    let on = std::env::var("MTPLX_CUDA_DECODE_ROUNDED").is_ok_and(|v| v == "1");
+    // On unless switched off (a device run with it off tests the products without them).
+    let on = super::switches::switched_on("MTPLX_CUDA_DECODE_ROUNDED");
     let plain = |x: &CudaSlice<f32>, len: usize| {
         let mut v = vec![0f32; len];
         dev.read(x, 0, &mut v).unwrap();
@@ -391,8 +391,8 @@ fn a_row_rounded_by_its_writer_gives_the_products_bits() {
     }
 }
 
-/// A decode step's product that rounds x itself (the o projection's, with
-/// `MTPLX_CUDA_DECODE_ROUNDED=1`), recorded into a graph before any other product ran (a
+/// A decode step's product that rounds x itself (the o projection's, unless
+/// `MTPLX_CUDA_DECODE_ROUNDED=0`), recorded into a graph before any other product ran (a
 /// server's first pass may be a captured one-row step), finds its rounding's room made by
 /// `reserve_row_rounding` and gives the CPU's bits; growing the buffer inside the capture
 /// would wait for the capture's own lock.
@@ -552,10 +552,10 @@ fn prefill_attention_tiles_give_each_rows_decode_bits() {
 /// not a silent fallback).
 fn assert_tensor_cores_where_built(dev: &CudaDevice, heads: (usize, usize, usize)) {
     let built = dev.capability().0 >= 8
-        && std::env::var("MTPLX_CUDA_ATTEND_MMA").map_or(true, |v| v != "0")
+        && super::switches::switched_on("MTPLX_CUDA_ATTEND_MMA")
         && ATTEND_MMA_HEADS.contains(&heads.2);
-    // Opt-in until timed (the device runs of the tests set it, so they test that kernel).
-    let split = built && std::env::var("MTPLX_CUDA_ATTEND_SPLIT").is_ok_and(|v| v == "1");
+    // On unless switched off (a device run with it off tests the 64-pair kernel alone).
+    let split = built && super::switches::switched_on("MTPLX_CUDA_ATTEND_SPLIT");
     for n in [1, 4, 70] {
         let path = dev.attend_path(KvDtype::F16, heads, n).unwrap();
         assert_eq!(
