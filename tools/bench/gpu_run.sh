@@ -10,7 +10,8 @@
 # e.g. builtin/f32 for K/V stored in f32 on the device; SOURCE...%VAR=VALUE[,VAR=VALUE] with
 # those variables set for its server, e.g. builtin%MTPLX_CUDA_ATTEND_TILE=0);
 # with LLAMA=1 llama.cpp's CUDA server too, built there from DIR/llama-src.tar.xz (and
-# returned as $OUT/llama-bin.tar.xz: in DIR, later calls unpack it instead of building); with
+# returned as $OUT/llama-bin.tar.xz: in DIR, later calls unpack it instead of building; a
+# later call on the same warm machine finds the binaries in /tmp and builds nothing); with
 # RETURNING=1 the returning conversation (gpu_server.py's "returning" part) for the first
 # source too.
 # Results: $OUT/gpu-run.tgz (JSON and server logs) and the printed lines.
@@ -72,6 +73,10 @@ if [ "${LLAMA:-0}" = 1 ]; then
   if [ -f "$G/llama-bin.tar.xz" ]; then
     # Built on an earlier call and carried back (see below): no build.
     mkdir -p "$W/llama/build/bin" && tar xJf "$G/llama-bin.tar.xz" -C "$W/llama/build/bin"
+  elif [ -x "$W/llama/build/bin/llama-server" ] && [ -x "$W/llama/build/bin/llama-bench" ]; then
+    # Built by an earlier call on this warm machine (/tmp outlives a call): no build. (The
+    # packed binaries are too large to come back from a call.)
+    echo "llama.cpp: built by an earlier call on this machine"
   else
     # Built here, and the static binaries packed into $OUT: put the file in DIR to carry it
     # next time and skip these minutes.
