@@ -434,7 +434,7 @@ impl<'a> Item<'a> {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 enum Isa {
     #[cfg(target_arch = "x86_64")]
     Avx512,
@@ -470,8 +470,19 @@ impl Isa {
         })
     }
 
+    /// Every instruction set this CPU runs, the detected one first (tests compare them).
+    #[cfg(test)]
+    fn supported() -> Vec<Isa> {
+        let mut all = vec![Isa::detect()];
+        #[cfg(target_arch = "x86_64")]
+        if matches!(all[0], Isa::Avx512) {
+            all.push(Isa::Avx2);
+        }
+        all
+    }
+
     /// # Safety
-    /// As [`item`]; `self` came from [`Isa::detect`].
+    /// As [`item`]; `self` came from [`Isa::detect`] (or [`Isa::supported`]).
     unsafe fn run<S: RowSource + ?Sized>(self, src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
         match self {
             #[cfg(target_arch = "x86_64")]

@@ -316,15 +316,19 @@ fn decode_steps_give_the_portable_bits_on_this_cpu() {
                 let q: Vec<f32> = (0..n_q * q_heads * hd).map(|i| val(i, 0.23)).collect();
                 let mut want = vec![0f32; q.len()];
                 attend_on(Isa::Portable, &Pool::new(1), &rows, &q, g, &mut want);
-                for threads in [1, 2, 3] {
+                // The AVX2 build too where the CPU has AVX-512 (CI's machines may have either).
+                for (isa, threads) in Isa::supported()
+                    .into_iter()
+                    .flat_map(|isa| [1, 2, 3].map(|t| (isa, t)))
+                {
                     let mut got = vec![0f32; q.len()];
-                    attend_on(Isa::detect(), &Pool::new(threads), &rows, &q, g, &mut got);
+                    attend_on(isa, &Pool::new(threads), &rows, &q, g, &mut got);
                     let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got),
                         bits(&want),
                         "{:?} {kv_heads}x{group} heads of {hd}, {n_q} queries to {last}, \
-                         {threads} threads",
+                         {threads} threads, {isa:?}",
                         E::DTYPE
                     );
                 }
