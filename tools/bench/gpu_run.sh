@@ -38,7 +38,7 @@ DEVICE=${DEVICE:-cuda}
 # its unpacked copy, whose file a rename leaves intact (writing over it would not).
 (cd "$G" && for f in *.xz; do
   [ "$f" = llama-src.tar.xz ] || { xz -dc -T0 "$f" > "${f%.xz}.new" && mv -f "${f%.xz}.new" "${f%.xz}"; }
-done; chmod +x mtplx-serve xtask libtest 2>/dev/null)
+done; chmod +x mtplx-serve mtplx-serve-base xtask libtest 2>/dev/null)
 if [ "$DEVICE" = cuda ]; then
   gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)
   echo "$gpu"
@@ -153,12 +153,19 @@ for q in ${FILES-q4_k_m q4_0}; do
     fi
     # PARTS: gpu_server.py's parts instead (e.g. `llama` alone, a call of its own).
     parts=${PARTS:-$parts}
-    python3 tools/bench/gpu_server.py --mtplx "$G/mtplx-serve" "${llama[@]}" --device "$DEVICE" \
+    base=()
+    # DIR/mtplx-serve-base (optional, packed by hand): the returning part's restore timed with
+    # it and with DIR/mtplx-serve in turn.
+    [ -x "$G/mtplx-serve-base" ] && base=(--mtplx-base "$G/mtplx-serve-base")
+    python3 tools/bench/gpu_server.py --mtplx "$G/mtplx-serve" "${base[@]}" "${llama[@]}" --device "$DEVICE" \
       --model "$W/$q.gguf" --work "$W/$q-$tag" --parts "$parts" --modes ar \
       --sizes "${SIZES:-100,400}" --rounds "${ROUNDS:-2}" --gen "${GEN:-64}" \
       --llama-ctx "${LLAMA_CTX:-8192}" \
       --out "$W/res/$q-$tag.json" 2>&1 | grep '^{"server' | cut -c1-220
     cp "$W/$q-$tag/mtplx.out" "$W/res/$q-$tag.out" 2>/dev/null
+    # Every server's log and request log (the returning part starts several).
+    mkdir -p "$W/res/$q-$tag-logs"
+    cp "$W/$q-$tag"/*.out "$W/$q-$tag"/*.jsonl "$W/res/$q-$tag-logs/" 2>/dev/null
   done
 done
 tar czf "$OUT/gpu-run.tgz" -C "$W" res

@@ -13,7 +13,7 @@ usage: gpu_server.py --mtplx BIN --model GGUF --work DIR [--llama BIN] [--out JS
    mtplx plainly (`generation_mode: "ar"`) and with its default speculation; llama.cpp
    with `cache_prompt: false`.
 2. A returning conversation of about 7,500 tokens on mtplx: turn 1, the session evicted
-   to the SSD tier (a second session with a one-entry bank), SIGKILL after the idle write,
+   to the SSD tier (a second session with a one-entry bank), SIGKILL once the write landed,
    a restart, turn 2: its TTFT against turn 2 on a server with the SSD tier off (the whole
    conversation prefilled again), and against llama.cpp's re-prefill of it. The answers of
    the restored and the re-prefilled turn must be the same text.
@@ -148,6 +148,9 @@ def contexts(server, label, extra, rounds, gen, sizes, seed):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mtplx", required=True)
+    ap.add_argument("--mtplx-base",
+                    help="another mtplx-serve binary (e.g. main's, beside a branch's): the returning "
+                         "part's restore then runs with each in turn, twice, from the same SSD entry")
     ap.add_argument("--llama")
     ap.add_argument("--model", required=True)
     ap.add_argument("--work", default="target/gpu-server")
@@ -169,8 +172,8 @@ def main():
     result = {"model": os.path.basename(args.model), "contexts": [], "returning": {}}
     home = os.path.join(args.work, "home")
 
-    def mtplx(name, extra_args):
-        return Server(name, [args.mtplx, "--model", args.model, "--device", args.device, "--port", "0",
+    def mtplx(name, extra_args, binary=None):
+        return Server(name, [binary or args.mtplx, "--model", args.model, "--device", args.device, "--port", "0",
                              "--ssd-session-cache-dir", os.path.join(args.work, "ssd"),
                              "--ssd-session-cache-free-disk-floor", "0",
                              "--request-log-jsonl", os.path.join(args.work, f"{name}.jsonl")] + extra_args,
@@ -206,6 +209,22 @@ def main():
         open(args.out, "w").write(out)
 
 
+def spill_landed(server, timeout=300):
+    """Waits until the SSD tier has written everything the bank spilled (its write backlog
+    empty, no entry spilling or unwritten): the SIGKILL then comes after the write, as the
+    never-lost promise is stated. Returns the seconds waited (a fixed sleep was too short for
+    a 4 GB entry on some hosts)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        st = requests.get(server.base + "/admin/cache/ssd", timeout=10).json()
+        bank = st.get("bank", {})
+        if st.get("backlog_bytes", 0) == 0 and not bank.get("spilling_entries") \
+                and not bank.get("unwritten_entries") and bank.get("writes_committed", 0) >= 1:
+            return time.time() - t0
+        time.sleep(0.2)
+    raise SystemExit(f"the spill did not land in {timeout} s: {st}")
+
+
 def returning(args, mtplx, q1, result):
     """Turn 1, eviction to the SSD tier, SIGKILL, restart, turn 2 restored; against turn 2
     re-prefilled with the tier off."""
@@ -213,11 +232,26 @@ def returning(args, mtplx, q1, result):
     t1 = chat(s, q1, 32, headers={"x-session-id": "agent"})
     q2 = q1 + [{"role": "assistant", "content": t1["text"]}, {"role": "user", "content": "And then?"}]
     chat(s, [{"role": "user", "content": "hello"}], 4, headers={"x-session-id": "other"})
-    time.sleep(5)  # the spill and the idle write land
+    landed_s = spill_landed(s)
     s.stop(signal.SIGKILL)
     s = mtplx("two", [])
     restored = chat(s, q2, 32, headers={"x-session-id": "agent"})
     s.stop()
+    # The same restore by each binary in turn (the entry stays on the SSD): an A/B in one run.
+    variants = []
+    if args.mtplx_base:
+        for i in range(2):
+            for tag, binary in (("base", args.mtplx_base), ("this", args.mtplx)):
+                name = f"again-{tag}-{i}"
+                s = mtplx(name, [], binary)
+                r = chat(s, q2, 32, headers={"x-session-id": "agent"})
+                s.stop()
+                logged = [json.loads(l) for l in open(os.path.join(args.work, f"{name}.jsonl"))]
+                variants.append({"binary": tag, "ttft_s": r["ttft_s"],
+                                 "restore_s": logged[-1].get("restore_s") if logged else None,
+                                 "session_restore_mode": logged[-1].get("session_restore_mode") if logged else None,
+                                 "same_answer": r["text"] == restored["text"]})
+                print(json.dumps(variants[-1]), flush=True)
     s = mtplx("cold", ["--ssd-session-cache", "off"])
     cold = chat(s, q2, 32, headers={"x-session-id": "agent"})
     s.stop()
@@ -228,9 +262,10 @@ def returning(args, mtplx, q1, result):
         "restored_after_sigkill_ttft_s": restored["ttft_s"],
         "reprefill_ttft_s": cold["ttft_s"],
         "speedup": cold["ttft_s"] / restored["ttft_s"],
+        "spill_landed_s": landed_s,
         "same_answer": restored["text"] == cold["text"],
-        "log": [{k: l.get(k) for k in ("prompt_tokens", "cached_tokens", "session_restore_mode",
-                                       "restore_s", "ttft_s")} for l in log],
+        "log": log,
+        "restores_by_binary": variants,
     }
     print(json.dumps(result["returning"]), flush=True)
     return q2
