@@ -1,9 +1,10 @@
 //! Pinned host staging for copies to the device from pageable memory (the rows a restore
 //! brings: the SSD tier's read buffers, the bank's snapshots). A copy from pageable memory
-//! returns only once the device has the bytes; here the caller's bytes are copied into one
-//! of two page-locked buffers and sent asynchronously, so the transfer out of one buffer
-//! overlaps the caller filling the other (and its next read and checksum). Allocated on
-//! first use: a server that never restores into the device pins nothing.
+//! returns only once the device has the bytes; here the caller's bytes are copied (on
+//! several threads) into one of two page-locked buffers and sent asynchronously, so the
+//! transfer out of one buffer overlaps the caller filling the other (and its next read and
+//! checksum). Allocated on first use: a server that never restores into the device pins
+//! nothing.
 
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +15,23 @@ use crate::error::Result;
 
 /// Bytes of each buffer.
 const STAGE_BYTES: usize = 8 << 20;
+
+/// Bytes one thread copies into a buffer.
+const COPY_PIECE: usize = 128 << 10;
+
+/// `dst = src`, in pieces of [`COPY_PIECE`] on rayon's threads: one thread's copy into
+/// pinned memory was the pace of a restore into the device (a 4.2 GB restore on an H100's
+/// host, 6.4-7.6 GB/s with the read and the checksum already on other threads).
+fn copy_side_by_side(dst: &mut [u8], src: &[u8]) {
+    use rayon::prelude::*;
+    if src.len() <= COPY_PIECE {
+        dst.copy_from_slice(src);
+        return;
+    }
+    dst.par_chunks_mut(COPY_PIECE)
+        .zip(src.par_chunks(COPY_PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
 
 struct Buffer {
     pinned: PinnedHostSlice<u8>,
@@ -73,7 +91,7 @@ impl Staging {
                 .pinned
                 .as_mut_slice()
                 .map_err(|e| device_error("pinned staging", e))?;
-            staged[..chunk.len()].copy_from_slice(chunk);
+            copy_side_by_side(&mut staged[..chunk.len()], chunk);
             let staged = &staged[..chunk.len()];
             let _queued = host_ops.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: `staged` is page-locked and stays untouched until `sent` is waited
