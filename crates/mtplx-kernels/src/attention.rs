@@ -470,19 +470,8 @@ impl Isa {
         })
     }
 
-    /// Every instruction set this CPU runs, the detected one first (tests compare them).
-    #[cfg(test)]
-    fn supported() -> Vec<Isa> {
-        let mut all = vec![Isa::detect()];
-        #[cfg(target_arch = "x86_64")]
-        if matches!(all[0], Isa::Avx512) {
-            all.push(Isa::Avx2);
-        }
-        all
-    }
-
     /// # Safety
-    /// As [`item`]; `self` came from [`Isa::detect`] (or [`Isa::supported`]).
+    /// As [`item`]; `self` is [`Isa::detect`]'s or one it implies (AVX-512 implies AVX2).
     unsafe fn run<S: RowSource + ?Sized>(self, src: &S, it: &Item<'_>, out: Dst, s: &mut Scratch) {
         match self {
             #[cfg(target_arch = "x86_64")]

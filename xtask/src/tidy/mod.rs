@@ -55,12 +55,15 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "serde",
             "serde_json",
             "cudarc",
+            // Only for the CUDA backend's restore staging (copies on several threads).
+            "rayon",
         ],
     ),
     ("mtplx-spec", &["mtplx-model", "mtplx-kv", "thiserror"]),
     (
         "mtplx-cold",
-        &["thiserror", "blake3", "redb", "libc", "half"],
+        // rayon: a restore's reads and checksums on several threads (blake3 uses it too).
+        &["thiserror", "blake3", "rayon", "redb", "libc", "half"],
     ),
     ("mtplx-bank", &["mtplx-kv", "mtplx-cold", "thiserror"]),
     (
