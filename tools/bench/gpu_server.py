@@ -209,11 +209,18 @@ def main():
         open(args.out, "w").write(out)
 
 
+def request_log(args, name):
+    """The lines of server `name`'s request log (`--request-log-jsonl`)."""
+    return [json.loads(l) for l in open(os.path.join(args.work, f"{name}.jsonl")) if l.strip()]
+
+
 def spill_landed(server, timeout=300):
     """Waits until the SSD tier has written everything the bank spilled (its write backlog
     empty, no entry spilling or unwritten): the SIGKILL then comes after the write, as the
     never-lost promise is stated. Returns the seconds waited (a fixed sleep was too short for
-    a 4 GB entry on some hosts)."""
+    a 4 GB entry on some hosts). agent_replay.py's `wait_written` is its twin; this script
+    can't import it (that module needs the `openai` package, which the GPU machine lacks),
+    and here at least one write must have been committed."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         st = requests.get(server.base + "/admin/cache/ssd", timeout=10).json()
@@ -246,16 +253,15 @@ def returning(args, mtplx, q1, result):
                 s = mtplx(name, [], binary)
                 r = chat(s, q2, 32, headers={"x-session-id": "agent"})
                 s.stop()
-                logged = [json.loads(l) for l in open(os.path.join(args.work, f"{name}.jsonl"))]
-                variants.append({"binary": tag, "ttft_s": r["ttft_s"],
-                                 "restore_s": logged[-1].get("restore_s") if logged else None,
-                                 "session_restore_mode": logged[-1].get("session_restore_mode") if logged else None,
+                last = (request_log(args, name) or [{}])[-1]
+                variants.append({"binary": tag, "ttft_s": r["ttft_s"], "restore_s": last.get("restore_s"),
+                                 "session_restore_mode": last.get("session_restore_mode"),
                                  "same_answer": r["text"] == restored["text"]})
                 print(json.dumps(variants[-1]), flush=True)
     s = mtplx("cold", ["--ssd-session-cache", "off"])
     cold = chat(s, q2, 32, headers={"x-session-id": "agent"})
     s.stop()
-    log = [json.loads(l) for l in open(os.path.join(args.work, "two.jsonl"))]
+    log = request_log(args, "two")
     result["returning"] = {
         "prompt_tokens": restored["prompt_tokens"],
         "turn1_ttft_s": t1["ttft_s"],
