@@ -32,6 +32,7 @@ const SCHEMA: &[(&str, &str)] = &[
     ("prefix_divergence_token", "number?"),
     ("refused_candidates", "string?"),
     ("restore_s", "number?"),
+    ("ssd_read", "object?"),
     ("session_source", "string?"),
     ("session_hash", "string?"),
     ("bank_committed", "bool?"),
@@ -52,6 +53,7 @@ fn type_of(v: &Value) -> &'static str {
         Value::String(_) => "string",
         Value::Bool(_) => "bool",
         Value::Array(a) if a.iter().all(Value::is_u64) => "array",
+        Value::Object(_) => "object",
         _ => "other",
     }
 }

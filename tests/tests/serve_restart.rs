@@ -79,6 +79,18 @@ async fn a_conversation_spilled_by_a_killed_server_is_restored_by_the_next() {
     assert_eq!(line["session_restore_mode"], "ssd_clone", "{line}");
     assert_eq!(line["cache_source"], "ssd", "{line}");
     assert_eq!(line["ssd_cached_tokens"].as_u64(), Some(cached), "{line}");
+    // Where the read's time went: a path, the bytes, and times that fit inside the restore.
+    let read = &line["ssd_read"];
+    assert!(
+        ["streamed", "resident", "staged"].contains(&read["path"].as_str().unwrap_or("")),
+        "{line}"
+    );
+    assert!(read["bytes"].as_u64().unwrap_or(0) > 0, "{line}");
+    let restore_s = line["restore_s"].as_f64().unwrap();
+    for part in ["manifest_s", "reading_s", "delivering_s", "awaiting_reads_s"] {
+        let s = read[part].as_f64().unwrap_or(-1.0);
+        assert!((0.0..=restore_s).contains(&s), "{part} in {line}");
+    }
 
     // The same turn computed cold, with the cache off.
     let mut off = settings();

@@ -255,6 +255,7 @@ def returning(args, mtplx, q1, result):
                 s.stop()
                 last = (request_log(args, name) or [{}])[-1]
                 variants.append({"binary": tag, "ttft_s": r["ttft_s"], "restore_s": last.get("restore_s"),
+                                 "ssd_read": last.get("ssd_read"),
                                  "session_restore_mode": last.get("session_restore_mode"),
                                  "same_answer": r["text"] == restored["text"]})
                 print(json.dumps(variants[-1]), flush=True)

@@ -94,7 +94,9 @@ pub use durability::{BankEvent, FlushReport, Observer, SpillFailure, SpillOutcom
 pub use error::BankError;
 pub use explain::{Explanation, LogValue, MissReason, RefusalReason, Refused, RestoreMode, Source};
 pub use lookup::LookupQuery;
-pub use mtplx_cold::{physical_ram, ColdConfig, Identity, Mtp, Space, Usage, WriteStats};
+pub use mtplx_cold::{
+    physical_ram, ColdConfig, Identity, Mtp, ReadPath, RestoreReport, Space, Usage, WriteStats,
+};
 pub use plan::{Plan, Restored};
 pub use session::SessionId;
 pub use shared::{Bank, CommitReport, SsdAccess};

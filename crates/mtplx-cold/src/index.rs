@@ -128,6 +128,17 @@ pub struct RestoreTimings {
     /// I/O. Resident: there is no I/O to hide behind; all threads' hashing time divided by the
     /// number of threads, an estimate of the checksum's share of the wall time.
     pub io_stalled: Duration,
+    /// Streamed: the reader thread's time in reads (the page cache or the disk), summed
+    /// over its extents. Zero on the resident path.
+    pub reading: Duration,
+    /// Streamed: the calling thread's time on the extents it received (hashing them, and
+    /// for a sink without direct rows, handing their rows over).
+    pub delivering: Duration,
+    /// Staged: of `delivering`, the time handing rows to the sink ([`crate::KvSink::write_rows`];
+    /// the checksum runs beside it, on rayon's pool).
+    pub handing_over: Duration,
+    /// Streamed: the calling thread's time waiting for the reader's next extent.
+    pub awaiting_reads: Duration,
 }
 
 /// The SSD tier as the bank uses it.

@@ -51,8 +51,12 @@ enum Piece<'s> {
         dest: Dest<'s>,
     },
     /// Everything was read (`at`); the time the reader spent waiting for free staging
-    /// buffers.
-    Done { at: Instant, waited: Duration },
+    /// buffers, and in reads.
+    Done {
+        at: Instant,
+        waited: Duration,
+        reading: Duration,
+    },
 }
 
 /// Reads blocks `0 .. ceil(point / 256)` of the entry into `sink`, verifying each.
@@ -200,7 +204,13 @@ fn run<'s>(
         };
         let mut sum = [0u8; 32];
         let mut block = 0;
-        for piece in piece_rx.iter() {
+        loop {
+            let t = Instant::now();
+            let Ok(piece) = piece_rx.recv() else {
+                unreachable!("the reader ends with `Done` or an error")
+            };
+            let received = Instant::now();
+            out.awaiting_reads += received - t;
             match piece? {
                 Piece::Header { head, sum: s } => {
                     hasher.reset();
@@ -223,8 +233,10 @@ fn run<'s>(
                             // rows over (a device's cache copies them out to its staging):
                             // the two read the same bytes, and an extent costs the longer
                             // of them, not their sum.
+                            let handing_over = &mut out.handing_over;
                             let delivered = rayon::in_place_scope(|s| {
                                 s.spawn(|_| hasher.update(&buf));
+                                let t = Instant::now();
                                 let per_layer = layers.clone().zip(buf.chunks_exact(2 * span));
                                 for (l, kv) in per_layer {
                                     let (k, v) = kv.split_at(span);
@@ -239,6 +251,7 @@ fn run<'s>(
                                         }
                                     }
                                 }
+                                *handing_over += t.elapsed();
                                 Ok::<_, Failed>(())
                             });
                             delivered?;
@@ -256,16 +269,21 @@ fn run<'s>(
                         out.bytes += (HEADER_LEN + n * plan.g.bytes_per_token() as usize) as u64;
                         block += 1;
                     }
+                    out.delivering += received.elapsed();
                 }
-                Piece::Done { at, waited } => {
+                Piece::Done {
+                    at,
+                    waited,
+                    reading,
+                } => {
                     // Everything read and verified: what the reader waited for, plus the
                     // time from its last byte to the last checksum.
                     out.io_stalled = waited + at.elapsed();
+                    out.reading = reading;
                     return Ok(out);
                 }
             }
         }
-        unreachable!("the reader ends with `Done` or an error")
     })
 }
 
@@ -279,6 +297,7 @@ fn read_all<'s>(
     free: mpsc::Receiver<Vec<u8>>,
 ) -> Result<(), Failed> {
     let mut waited = Duration::ZERO;
+    let mut reading = Duration::ZERO;
     let mut staging = 0;
     let open = |i: usize| {
         let key = &body.blocks[i].0;
@@ -315,7 +334,9 @@ fn read_all<'s>(
             let dest = match rows.as_mut() {
                 Some(rows) => {
                     let mut mine: Vec<LayerRows<'s>> = rows.drain(..layers.len()).collect();
+                    let t = Instant::now();
                     read_into(file.as_ref(), offset, &mut mine).map_err(|e| blob(io(e, key)))?;
+                    reading += t.elapsed();
                     Dest::Sink(mine)
                 }
                 None => {
@@ -335,7 +356,9 @@ fn read_all<'s>(
                         }
                     };
                     buf.resize(layers.len() * layer_bytes, 0);
+                    let t = Instant::now();
                     read_pieces(file.as_ref(), offset, &mut buf).map_err(|e| blob(io(e, key)))?;
+                    reading += t.elapsed();
                     Dest::Staged(buf)
                 }
             };
@@ -345,7 +368,11 @@ fn read_all<'s>(
         }
     }
     let at = Instant::now();
-    let _ = tx.send(Ok(Piece::Done { at, waited }));
+    let _ = tx.send(Ok(Piece::Done {
+        at,
+        waited,
+        reading,
+    }));
     Ok(())
 }
 

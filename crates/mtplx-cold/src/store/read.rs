@@ -141,6 +141,10 @@ fn deliver(
         read_path: blocks.path,
         timings: RestoreTimings {
             io_stalled: blocks.io_stalled,
+            reading: blocks.reading,
+            delivering: blocks.delivering,
+            handing_over: blocks.handing_over,
+            awaiting_reads: blocks.awaiting_reads,
             ..RestoreTimings::default()
         },
     };

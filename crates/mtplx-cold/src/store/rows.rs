@@ -128,6 +128,12 @@ pub(super) struct BlocksRead {
     /// Time the reader waited for the calling thread, plus the time from the last byte
     /// read to the last checksum checked: how much hashing and delivery held up the I/O.
     pub(super) io_stalled: Duration,
+    /// The reader's time in reads; the calling thread's time on extents and waiting for
+    /// them (see [`crate::RestoreTimings`]).
+    pub(super) reading: Duration,
+    pub(super) delivering: Duration,
+    pub(super) handing_over: Duration,
+    pub(super) awaiting_reads: Duration,
 }
 
 /// The shape of a restore: which blocks, how many of their rows, in which extents.

@@ -445,6 +445,35 @@ fn staged_copies_land_whole_and_in_order() {
     assert!(dev.write_staged(&first, &mut dst, len + 100).is_err());
 }
 
+/// Many calls smaller than a staging buffer, of uneven sizes (a restore's rows), fill each
+/// buffer end to end and wrap around both several times: every call's bytes land where
+/// they were sent, though the caller reuses its buffer at once.
+#[test]
+fn small_staged_copies_share_buffers_and_land_in_order() {
+    let Some(dev) = device() else { return };
+    let sizes: Vec<usize> = (0..120).map(|i| (300 << 10) + i * 4097).collect();
+    let total: usize = sizes.iter().sum();
+    assert!(total > 4 * (8 << 20), "wraps around both buffers at least twice");
+    let mut dst = dev.zeros::<u8>(total + 5).unwrap();
+    let mut want = Vec::with_capacity(total);
+    let mut host = vec![0u8; *sizes.iter().max().unwrap()];
+    let mut at = 5;
+    for (i, &n) in sizes.iter().enumerate() {
+        host[..n]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = (i * 31 + j * 7 + j / 251) as u8);
+        want.extend_from_slice(&host[..n]);
+        dev.write_staged(&host[..n], &mut dst, at).unwrap();
+        host.fill(0xEE);
+        at += n;
+    }
+    let mut back = vec![0u8; total];
+    dev.read(&dst, 5, &mut back).unwrap();
+    let first_bad = back.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(first_bad, None, "of {total} bytes");
+}
+
 /// One layer's cache (`kv`, its addresses) attended by query rows whose first sits at cache
 /// row `row0`, over a window of `len` positions.
 struct Attention<'a> {

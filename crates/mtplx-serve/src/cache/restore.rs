@@ -21,23 +21,25 @@ pub fn restore(tier: &CacheTier, job: &Job) -> RestoreOutcome {
         session: job.resolved.as_ref().map(|r| &r.id),
         floor: tier.min_prefix_tokens(),
     });
-    let (sequence, explanation) = match plan.restore(tier.factory(), tier.shape()) {
+    let (sequence, explanation, ssd) = match plan.restore(tier.factory(), tier.shape()) {
         Ok(restored) => {
             let cached = restored.explanation.cached_tokens > 0;
-            (cached.then_some(restored.sequence), restored.explanation)
+            let sequence = cached.then_some(restored.sequence);
+            (sequence, restored.explanation, restored.ssd_report)
         }
         // A stored state that can't be built here (another shape: a bug, not bad input)
         // is a miss with a reason; the prompt is computed cold.
         Err(e) => {
             tracing::warn!("restore failed, computing cold: {e}");
             let miss = Some(MissReason::RestoreFailed);
-            (None, Explanation::cold(job.prompt.len(), miss))
+            (None, Explanation::cold(job.prompt.len(), miss), None)
         }
     };
     RestoreOutcome {
         sequence,
         explanation,
         restore_s: start.elapsed().as_secs_f64(),
+        ssd,
     }
 }
 

@@ -62,6 +62,7 @@ impl Worker {
             sequence: None,
             explanation: Explanation::cold(job.prompt.len(), None),
             restore_s: 0.0,
+            ssd: None,
         });
         let mut seq = restore
             .sequence
@@ -77,6 +78,7 @@ impl Worker {
             summary.cache = Some(CacheSummary {
                 explanation: restore.explanation,
                 restore_s: restore.restore_s,
+                ssd: restore.ssd,
                 committed,
             });
             summary

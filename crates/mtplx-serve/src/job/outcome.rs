@@ -99,6 +99,8 @@ pub struct CacheSummary {
     /// The bank's account of the restore.
     pub explanation: mtplx_bank::Explanation,
     pub restore_s: f64,
+    /// What the SSD tier read, for an SSD restore.
+    pub ssd: Option<mtplx_bank::RestoreReport>,
     /// Whether the conversation was committed to the bank afterwards.
     pub committed: bool,
 }

@@ -1,6 +1,6 @@
 //! [`RestoreOutcome`]: what the restore stage found for a job.
 
-use mtplx_bank::Explanation;
+use mtplx_bank::{Explanation, RestoreReport};
 use mtplx_kv::Sequence;
 
 /// What the cache path did for a job, for the engine, the request log and the metrics.
@@ -11,6 +11,8 @@ pub struct RestoreOutcome {
     pub explanation: Explanation,
     /// Seconds spent finding and building the restored cache.
     pub restore_s: f64,
+    /// What the SSD tier read and where its time went, for an SSD restore.
+    pub ssd: Option<RestoreReport>,
 }
 
 impl std::fmt::Debug for RestoreOutcome {

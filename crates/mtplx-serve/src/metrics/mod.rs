@@ -317,6 +317,7 @@ mod tests {
                     ..mtplx_bank::Explanation::cold(10, None)
                 },
                 restore_s: 0.01,
+                ssd: None,
                 committed: true,
             }),
         });

@@ -52,6 +52,8 @@ pub struct Record {
     pub refused_candidates: Option<String>,
     /// Seconds spent finding and building the restored cache.
     pub restore_s: Option<f64>,
+    /// An SSD restore's read: its path and where its time went.
+    pub ssd_read: Option<SsdRead>,
     /// Where the session id came from (`header`, `user`, `prefix_match`, `anonymous`, …).
     pub session_source: Option<&'static str>,
     /// blake3 of the session id (ids are client text: never logged as such).
@@ -72,6 +74,46 @@ pub struct Record {
     pub verify_calls: u64,
     /// Mean tokens per verify call (accepted drafts plus the model's own token).
     pub mean_acceptance_length: Option<f64>,
+}
+
+/// How the SSD tier read a restored entry's blocks, and where the time went (see
+/// `mtplx_cold::RestoreTimings`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SsdRead {
+    /// `staged` (into staging buffers, handed over row by row: a device cache), `streamed`
+    /// (straight into the cache's rows) or `resident` (every block in memory).
+    pub path: &'static str,
+    pub bytes: u64,
+    pub manifest_s: f64,
+    /// The reader thread's time in reads.
+    pub reading_s: f64,
+    /// The calling thread's time hashing extents and handing their rows over.
+    pub delivering_s: f64,
+    /// Staged: of `delivering_s`, handing rows over (the checksum runs beside it).
+    pub handing_over_s: f64,
+    /// The calling thread's time waiting for the reader.
+    pub awaiting_reads_s: f64,
+    pub io_stalled_s: f64,
+}
+
+impl From<&mtplx_bank::RestoreReport> for SsdRead {
+    fn from(r: &mtplx_bank::RestoreReport) -> Self {
+        let t = &r.timings;
+        SsdRead {
+            path: match r.read_path {
+                mtplx_bank::ReadPath::Staged => "staged",
+                mtplx_bank::ReadPath::Streamed => "streamed",
+                mtplx_bank::ReadPath::Resident { .. } => "resident",
+            },
+            bytes: r.bytes_read,
+            manifest_s: t.manifest.as_secs_f64(),
+            reading_s: t.reading.as_secs_f64(),
+            delivering_s: t.delivering.as_secs_f64(),
+            handing_over_s: t.handing_over.as_secs_f64(),
+            awaiting_reads_s: t.awaiting_reads.as_secs_f64(),
+            io_stalled_s: t.io_stalled.as_secs_f64(),
+        }
+    }
 }
 
 fn now() -> f64 {
@@ -124,6 +166,7 @@ impl Record {
             r.session_restore_mode = e.mode.to_string();
             r.cache_miss_reason = e.miss.as_ref().map(|m| m.name());
             r.restore_s = Some(c.restore_s);
+            r.ssd_read = c.ssd.as_ref().map(SsdRead::from);
             r.bank_committed = Some(c.committed);
             for (key, value) in &e.log_fields() {
                 let num = match value {
@@ -188,6 +231,7 @@ impl Record {
             prefix_divergence_token: None,
             refused_candidates: None,
             restore_s: None,
+            ssd_read: None,
             session_source: None,
             session_hash: None,
             bank_committed: None,
