@@ -82,12 +82,17 @@ async fn a_conversation_spilled_by_a_killed_server_is_restored_by_the_next() {
     // Where the read's time went: a path, the bytes, and times that fit inside the restore.
     let read = &line["ssd_read"];
     assert!(
-        ["streamed", "resident", "staged"].contains(&read["path"].as_str().unwrap_or("")),
+        ["streamed", "resident", "staged", "lent"].contains(&read["path"].as_str().unwrap_or("")),
         "{line}"
     );
     assert!(read["bytes"].as_u64().unwrap_or(0) > 0, "{line}");
     let restore_s = line["restore_s"].as_f64().unwrap();
-    for part in ["manifest_s", "reading_s", "delivering_s", "awaiting_reads_s"] {
+    for part in [
+        "manifest_s",
+        "reading_s",
+        "delivering_s",
+        "awaiting_reads_s",
+    ] {
         let s = read[part].as_f64().unwrap_or(-1.0);
         assert!((0.0..=restore_s).contains(&s), "{part} in {line}");
     }

@@ -1,7 +1,11 @@
 //! Building the caller's cache from an SSD restore, through the caller's factory.
 
+use std::any::Any;
+use std::ops::Range;
+
 use mtplx_cold::{
-    BoxError, DirectLayer, DirectPiece, KvGeometry, KvSink, RecurrentCheckpoint, TailState,
+    BoxError, DirectLayer, DirectPiece, KvGeometry, KvSink, RecurrentCheckpoint, StagingBuffer,
+    TailState,
 };
 use mtplx_kv::{CacheFactory, KvCache, KvShape, LentLayer};
 
@@ -12,8 +16,10 @@ use crate::convert::geometry;
 /// recurrent and tail state handed over with it). When the layout lends its storage
 /// ([`KvCache::append_in_place`]: every layout does, a contiguous layer in one piece, a
 /// paged one a piece per block, a segmented one a piece per segment), blocks are read from
-/// disk straight into it ([`KvSink::direct_rows`]); otherwise the cold tier stages them and
-/// they are appended.
+/// disk straight into it ([`KvSink::direct_rows`]); a device's cache lends page-locked host
+/// buffers instead ([`KvCache::lend_staging`]), which the cold tier reads blocks into and
+/// hands back ([`KvSink::write_staged`]); otherwise the cold tier stages them and they are
+/// appended.
 pub(crate) struct CacheSink<'a> {
     factory: &'a CacheFactory,
     shape: KvShape,
@@ -69,13 +75,35 @@ impl KvSink for CacheSink<'_> {
         k: &[u8],
         v: &[u8],
     ) -> Result<(), BoxError> {
-        let cache = self.cache.as_mut().ok_or("begin was not called")?;
-        let have = cache.layer_len(layer);
-        if have != start {
-            return Err(format!("layer {layer}: rows from {start} arrive after {have}").into());
-        }
+        let cache = self.appending(layer, start)?;
         // `begin` checked the stored type is the cache's: the bytes are kept as they are.
         Ok(cache.append_stored(layer, k, v)?)
+    }
+
+    /// The cache's own buffers, wrapped for the cold tier.
+    fn lend_staging(&mut self, count: usize, bytes: usize) -> Option<Vec<Box<dyn StagingBuffer>>> {
+        let lent = self.cache.as_mut()?.lend_staging(count, bytes)?;
+        let wrap = |b| Box::new(Lent(b)) as Box<dyn StagingBuffer>;
+        Some(lent.into_iter().map(wrap).collect())
+    }
+
+    fn write_staged(
+        &mut self,
+        layer: usize,
+        start: usize,
+        buf: &mut dyn StagingBuffer,
+        k: Range<usize>,
+        v: Range<usize>,
+    ) -> Result<(), BoxError> {
+        let cache = self.appending(layer, start)?;
+        match buf.as_any_mut().downcast_mut::<Lent>() {
+            Some(Lent(lent)) => Ok(cache.append_staged(layer, lent.as_mut(), k, v)?),
+            None => {
+                let bytes = buf.bytes();
+                let part = |r| mtplx_kv::staged_part(bytes, r);
+                Ok(cache.append_stored(layer, part(k)?, part(v)?)?)
+            }
+        }
     }
 
     fn recurrent(&mut self, checkpoint: RecurrentCheckpoint) -> Result<(), BoxError> {
@@ -93,6 +121,35 @@ impl KvSink for CacheSink<'_> {
         self.cache = None;
         self.recurrent = None;
         self.tail = None;
+    }
+}
+
+impl CacheSink<'_> {
+    /// The cache, when rows from `start` are the next of `layer`.
+    fn appending(&mut self, layer: usize, start: usize) -> Result<&mut Box<dyn KvCache>, BoxError> {
+        let cache = self.cache.as_mut().ok_or("begin was not called")?;
+        let have = cache.layer_len(layer);
+        if have != start {
+            return Err(format!("layer {layer}: rows from {start} arrive after {have}").into());
+        }
+        Ok(cache)
+    }
+}
+
+/// A buffer the cache lent, as the cold tier takes it.
+struct Lent(Box<dyn mtplx_kv::StagingBuffer>);
+
+impl StagingBuffer for Lent {
+    fn to_fill(&mut self) -> Result<&mut [u8], BoxError> {
+        Ok(self.0.to_fill()?)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.0.bytes()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 
@@ -224,9 +281,29 @@ mod tests {
         }
     }
 
-    /// A device's cache as far as a restore can tell: host rows that lend no storage, and
-    /// a record of the room reserved for them.
-    struct Reserving(Box<dyn KvCache>, Arc<std::sync::Mutex<Vec<usize>>>);
+    /// A device's cache as far as a restore can tell: host rows that lend no storage but
+    /// host buffers to stage them in (whose rows it counts), and a record of the room
+    /// reserved for them.
+    struct Reserving(
+        Box<dyn KvCache>,
+        Arc<std::sync::Mutex<Vec<usize>>>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
+
+    /// A buffer [`Reserving`] lends.
+    struct HeapBuffer(Vec<u8>);
+
+    impl mtplx_kv::StagingBuffer for HeapBuffer {
+        fn to_fill(&mut self) -> Result<&mut [u8], mtplx_kv::KvError> {
+            Ok(&mut self.0)
+        }
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    }
 
     impl KvView for Reserving {
         fn shape(&self) -> KvShape {
@@ -280,6 +357,28 @@ mod tests {
             self.1.lock().unwrap().push(n);
             Ok(())
         }
+        fn lend_staging(
+            &mut self,
+            count: usize,
+            bytes: usize,
+        ) -> Option<Vec<Box<dyn mtplx_kv::StagingBuffer>>> {
+            let buf = |_| Box::new(HeapBuffer(vec![0; bytes])) as Box<dyn mtplx_kv::StagingBuffer>;
+            Some((0..count).map(buf).collect())
+        }
+        fn append_staged(
+            &mut self,
+            layer: usize,
+            buf: &mut dyn mtplx_kv::StagingBuffer,
+            k: std::ops::Range<usize>,
+            v: std::ops::Range<usize>,
+        ) -> Result<(), mtplx_kv::KvError> {
+            let mine = buf
+                .as_any_mut()
+                .downcast_mut::<HeapBuffer>()
+                .expect("lent here");
+            self.2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.append_stored(layer, &mine.0[k], &mine.0[v])
+        }
         fn attend(
             &self,
             layer: usize,
@@ -297,11 +396,15 @@ mod tests {
             self.0.snapshot()
         }
         fn fork(&self) -> Box<dyn KvCache> {
-            Box::new(Reserving(self.0.fork(), self.1.clone()))
+            Box::new(Reserving(self.0.fork(), self.1.clone(), self.2.clone()))
         }
     }
 
-    struct ReservingMaker(Arc<std::sync::Mutex<Vec<usize>>>);
+    #[derive(Default)]
+    struct ReservingMaker(
+        Arc<std::sync::Mutex<Vec<usize>>>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
 
     impl mtplx_kv::MakeDeviceCache for ReservingMaker {
         fn stores(&self, dtype: KvDtype) -> bool {
@@ -309,7 +412,11 @@ mod tests {
         }
         fn new_cache(&self, shape: KvShape, dtype: KvDtype) -> Box<dyn KvCache> {
             let host = CacheFactory::contiguous().with_dtype(dtype).unwrap();
-            Box::new(Reserving(host.new_cache(shape), self.0.clone()))
+            Box::new(Reserving(
+                host.new_cache(shape),
+                self.0.clone(),
+                self.1.clone(),
+            ))
         }
         fn name(&self) -> String {
             "reserving:0".into()
@@ -320,8 +427,8 @@ mod tests {
     /// reserves the restore's whole length once, before its first row arrives.
     #[test]
     fn a_restore_reserves_its_whole_length_before_its_first_row() {
-        let reserved = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let maker = Arc::new(ReservingMaker(reserved.clone()));
+        let maker = Arc::new(ReservingMaker::default());
+        let reserved = maker.0.clone();
         let factory = CacheFactory::device(mtplx_kv::DeviceCaches(maker))
             .with_dtype(KvDtype::F16)
             .unwrap();
@@ -337,6 +444,46 @@ mod tests {
         let bytes = vec![0u8; 3 * row];
         sink.write_rows(0, 0, &bytes, &bytes).unwrap();
         assert_eq!(*reserved.lock().unwrap(), [700], "reserved once");
+    }
+
+    /// A restore into a cache that lends host buffers (a device's) reads the blocks into
+    /// them and hands them back (the cold tier's lent path, no `write_rows`): the stored
+    /// bits at every restore point, a partial last block included.
+    #[test]
+    fn a_restore_into_lent_host_buffers_gives_the_stored_bits() {
+        let dtype = KvDtype::F16;
+        let maker = Arc::new(ReservingMaker::default());
+        let handed = maker.1.clone();
+        let factory = CacheFactory::device(mtplx_kv::DeviceCaches(maker))
+            .with_dtype(dtype)
+            .unwrap();
+        let row = dtype.bytes(shape(dtype).row_len());
+        let o = original(700, dtype);
+        for point in [1, 255, 256, 300, 699, 700] {
+            let (_st, store, hit) = stored(700, point, dtype);
+            let mut sink = CacheSink::new(&factory, shape(dtype));
+            let before = handed.load(std::sync::atomic::Ordering::Relaxed);
+            let report = store.restore(&hit, &mut sink).unwrap();
+            assert!(
+                matches!(report.read_path, ReadPath::Lent { .. }),
+                "{point}: {report:?}"
+            );
+            let calls = handed.load(std::sync::atomic::Ordering::Relaxed) - before;
+            assert_eq!(
+                calls,
+                SHAPE.layers * point.div_ceil(256),
+                "{point}: a layer a block"
+            );
+            let cache = sink.cache.take().unwrap();
+            assert_eq!(cache.len(), point);
+            let want: Vec<u8> = (0..SHAPE.layers)
+                .flat_map(|l| {
+                    let (k, v) = (&o.k[l][..point * row], &o.v[l][..point * row]);
+                    k.iter().chain(v).copied().collect::<Vec<_>>()
+                })
+                .collect();
+            assert!(bits(&*cache, point) == want, "{point}: rows differ");
+        }
     }
 
     /// A [`CacheSink`] that lends the cache's rows only when `lend`, and counts the

@@ -108,6 +108,12 @@ pub enum ReadPath {
     /// calling thread hashed them.
     #[default]
     Streamed,
+    /// The sink lent host buffers ([`crate::KvSink::lend_staging`]: a device's page-locked
+    /// memory): a reader thread read extents into them, the calling thread handed each to
+    /// the sink (which queues its copy onwards) and `hashers` threads checked the blocks'
+    /// checksums, each taking every `hashers`-th block. No copy between the read and the
+    /// sink's own.
+    Lent { hashers: usize },
     /// Every block was in memory (the page cache) and the sink lent its rows: `threads`
     /// threads (the calling thread one of them) claimed whole blocks, each copying a block
     /// straight into the sink and hashing its rows right after copying them.

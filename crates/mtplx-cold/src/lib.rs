@@ -64,7 +64,7 @@ pub use key::{
 pub use miss::{MissReason, RestoreErrorKind};
 pub use payload::{
     BoxError, DirectLayer, DirectPiece, F32Buffer, KvGeometry, KvRows, KvSink, KvSource,
-    NamedBytes, Recurrent, RecurrentCheckpoint, TailState,
+    NamedBytes, Recurrent, RecurrentCheckpoint, StagingBuffer, TailState,
 };
 pub use store::{ColdStore, OpenReport, Space, Usage};
 pub use write_budget::WriteStats;

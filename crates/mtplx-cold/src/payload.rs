@@ -138,12 +138,28 @@ pub trait KvSource: Send + Sync {
     ) -> Result<(), BoxError>;
 }
 
+/// Host memory a sink lends for a restore to read stored rows into and hand back
+/// ([`KvSink::lend_staging`], [`KvSink::write_staged`]): for a device's cache, page-locked
+/// memory its copies to the device read directly. The sink may still be copying out of a
+/// buffer when `write_staged` returns; [`StagingBuffer::to_fill`] waits for that.
+pub trait StagingBuffer: Send {
+    /// The whole buffer, to be written: waits first until nothing the sink queued from it
+    /// still reads it.
+    fn to_fill(&mut self) -> Result<&mut [u8], BoxError>;
+    /// The buffer as filled.
+    fn bytes(&self) -> &[u8];
+    /// For the sink that lent it, to find its own type again.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
 /// Where a restore writes what it read; the caller builds its own layout from these calls
 /// (its cache factory decides which).
 ///
 /// Call order: [`KvSink::begin`] once; then either [`KvSink::direct_rows`] lends the
-/// sink's own storage and the restore reads blocks from disk straight into it, or (the
-/// default) [`KvSink::write_rows`] is called for positions in increasing order, every layer
+/// sink's own storage and the restore reads blocks from disk straight into it, or
+/// [`KvSink::lend_staging`] lends host buffers the restore reads blocks into and hands back
+/// through [`KvSink::write_staged`], or (the default) [`KvSink::write_rows`] is called; the
+/// rows of the last two arrive for positions in increasing order, every layer
 /// of a block before the next block, so for each layer the rows arrive contiguous from
 /// position 0 (an append-only cache can just append); then [`KvSink::recurrent`] for a
 /// hybrid entry; then [`KvSink::tail`] when the restore point is the entry's full length and
@@ -171,6 +187,34 @@ pub trait KvSink {
     /// `0..rows` in order with `row_bytes` bytes per position, fail the restore.
     fn direct_rows(&mut self) -> Option<Vec<DirectLayer<'_>>> {
         None
+    }
+    /// Optional, for a sink without [`KvSink::direct_rows`]: up to `count` host buffers of at
+    /// least `bytes` bytes each that [`KvSink::write_staged`] takes rows from without a copy
+    /// of its own. Called once, after `direct_rows` said `None`. `None` (the default)
+    /// selects `write_rows`.
+    fn lend_staging(&mut self, count: usize, bytes: usize) -> Option<Vec<Box<dyn StagingBuffer>>> {
+        let _ = (count, bytes);
+        None
+    }
+    /// Rows `start ..` of `layer` as [`KvSink::write_rows`] takes them, found at bytes `k`
+    /// and `v` of `buf`, a buffer [`KvSink::lend_staging`] lent. The default passes those
+    /// bytes to `write_rows`.
+    fn write_staged(
+        &mut self,
+        layer: usize,
+        start: usize,
+        buf: &mut dyn StagingBuffer,
+        k: Range<usize>,
+        v: Range<usize>,
+    ) -> Result<(), BoxError> {
+        let bytes = buf.bytes();
+        let part = |r: Range<usize>| {
+            bytes.get(r.clone()).ok_or_else(|| {
+                format!("rows at bytes {r:?} of a staging buffer of {}", bytes.len())
+            })
+        };
+        let (k, v) = (part(k)?, part(v)?);
+        self.write_rows(layer, start, k, v)
     }
     /// Rows `start .. start + k.len() / row_bytes` of `layer`, as stored: values of the
     /// geometry's dtype given to [`KvSink::begin`], little-endian. The slices need not be

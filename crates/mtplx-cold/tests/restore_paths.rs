@@ -1,6 +1,7 @@
 //! Every way rows reach a sink — read straight into its own rows (`direct_rows`, lent in one
 //! piece per layer or in pages of any size), streamed from disk or, when the blobs are in
-//! memory, by several threads; or staged and handed over through `write_rows` — delivers
+//! memory, by several threads; staged and handed over through `write_rows`; or read into
+//! host buffers the sink lent and handed back (`lend_staging`, `write_staged`) — delivers
 //! the same, exact rows at any restore point, in several extents per block; a block that
 //! fails its checksum after some of its rows reached the sink ends the restore with a named
 //! miss and a `discard`; and lent pieces that don't cover the rows in order fail it. Rows
@@ -10,9 +11,12 @@ mod common;
 
 use common::*;
 use mtplx_cold::storage::FaultyStorage;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
 use mtplx_cold::{
     BoxError, ColdIndex, DirectLayer, DirectPiece, KvDtype, KvGeometry, KvRows, KvSink, ReadPath,
-    Recurrent, RecurrentCheckpoint, SpillEntry, TailState,
+    Recurrent, RecurrentCheckpoint, SpillEntry, StagingBuffer, TailState,
 };
 use proptest::prelude::*;
 
@@ -74,6 +78,141 @@ impl KvSink for Staged {
 
     fn tail(&mut self, tail: TailState) -> Result<(), BoxError> {
         self.rows.tail(tail)
+    }
+
+    fn discard(&mut self) {
+        self.discarded = true;
+    }
+}
+
+/// Where a [`Lending`] sink's late copies land: per layer, K and V bytes of the restore's rows.
+type Landed = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
+
+/// A buffer [`Lending`] lent. A hand-over out of it is only noted; its bytes are copied when
+/// the buffer is next filled or dropped, as a device's queued copies read a page-locked
+/// buffer after the call that queued them returned.
+struct LendBuf {
+    bytes: Vec<u8>,
+    /// (layer, byte in the layer's rows, K range, V range) not copied yet.
+    pending: Vec<(usize, usize, Range<usize>, Range<usize>)>,
+    landed: Landed,
+}
+
+impl LendBuf {
+    fn land(&mut self) {
+        let mut landed = self.landed.lock().unwrap();
+        for (layer, at, k, v) in self.pending.drain(..) {
+            let (lk, lv) = &mut landed[layer];
+            lk[at..at + k.len()].copy_from_slice(&self.bytes[k]);
+            lv[at..at + v.len()].copy_from_slice(&self.bytes[v]);
+        }
+    }
+}
+
+impl StagingBuffer for LendBuf {
+    fn to_fill(&mut self) -> Result<&mut [u8], BoxError> {
+        self.land();
+        Ok(&mut self.bytes)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+impl Drop for LendBuf {
+    fn drop(&mut self) {
+        self.land();
+    }
+}
+
+/// A sink that lends host buffers (`short` bytes fewer than asked) and takes rows only
+/// through `write_staged`, copying them late (see [`LendBuf`]); the hand-over numbered
+/// `fail_at` (from 1) fails.
+#[derive(Default)]
+struct Lending {
+    rest: KvRows,
+    landed: Landed,
+    /// Per layer, the next position expected.
+    next: Vec<usize>,
+    short: usize,
+    fail_at: Option<usize>,
+    calls: usize,
+    lent: usize,
+    discarded: bool,
+}
+
+impl Lending {
+    /// The rows received, once the restore's buffers are dropped.
+    fn received(&self) -> KvRows {
+        let landed = self.landed.lock().unwrap();
+        KvRows {
+            k: landed.iter().map(|l| l.0.clone()).collect(),
+            v: landed.iter().map(|l| l.1.clone()).collect(),
+            ..self.rest.clone()
+        }
+    }
+}
+
+impl KvSink for Lending {
+    fn begin(&mut self, g: KvGeometry, rows: usize) -> Result<(), BoxError> {
+        let n = rows * g.row_bytes();
+        *self.landed.lock().unwrap() = (0..g.layers).map(|_| (vec![0; n], vec![0; n])).collect();
+        self.next = vec![0; g.layers as usize];
+        self.rest.begin(g, 0)
+    }
+
+    fn write_rows(&mut self, _: usize, _: usize, _: &[u8], _: &[u8]) -> Result<(), BoxError> {
+        Err("rows came through write_rows".into())
+    }
+
+    fn lend_staging(&mut self, count: usize, bytes: usize) -> Option<Vec<Box<dyn StagingBuffer>>> {
+        self.lent = count;
+        let buf = |_| {
+            Box::new(LendBuf {
+                bytes: vec![0; bytes - self.short],
+                pending: Vec::new(),
+                landed: self.landed.clone(),
+            }) as Box<dyn StagingBuffer>
+        };
+        Some((0..count).map(buf).collect())
+    }
+
+    fn write_staged(
+        &mut self,
+        layer: usize,
+        start: usize,
+        buf: &mut dyn StagingBuffer,
+        k: Range<usize>,
+        v: Range<usize>,
+    ) -> Result<(), BoxError> {
+        self.calls += 1;
+        if self.fail_at == Some(self.calls) {
+            return Err("the device is gone".into());
+        }
+        let row = self.rest.geometry.unwrap().row_bytes();
+        if start != self.next[layer] || k.len() != v.len() || !k.len().is_multiple_of(row) {
+            return Err(format!("layer {layer}: rows {k:?} from {start}").into());
+        }
+        self.next[layer] += k.len() / row;
+        let buf = buf
+            .as_any_mut()
+            .downcast_mut::<LendBuf>()
+            .expect("one of mine");
+        buf.pending.push((layer, start * row, k, v));
+        Ok(())
+    }
+
+    fn recurrent(&mut self, cp: RecurrentCheckpoint) -> Result<(), BoxError> {
+        self.rest.recurrent(cp)
+    }
+
+    fn tail(&mut self, tail: TailState) -> Result<(), BoxError> {
+        self.rest.tail(tail)
     }
 
     fn discard(&mut self) {
@@ -219,6 +358,15 @@ proptest! {
         prop_assert_eq!(direct.rows.tail.is_some(), point == len);
         prop_assert!(!direct.discarded && !staged.discarded);
 
+        let mut lending = Lending::default();
+        let r = store.restore(&hit, &mut lending).unwrap();
+        let lent_path = matches!(r.read_path, ReadPath::Lent { hashers } if hashers >= 1);
+        prop_assert!(lent_path, "{:?}", r.read_path);
+        prop_assert_eq!(lending.received().truncated(point), want.clone());
+        prop_assert_eq!(lending.rest.tail.is_some(), point == len);
+        prop_assert_eq!((r.rows, r.blocks_read, r.bytes_read), (report.rows, report.blocks_read, report.bytes_read));
+        prop_assert!(lending.lent >= 1 && !lending.discarded);
+
         // The blobs in memory: a direct sink's blocks are read by several threads; a
         // staged sink still streams.
         st.set_resident(true);
@@ -243,14 +391,22 @@ proptest! {
 /// rows in pages of that many positions (0: one piece per layer).
 #[test]
 fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
+    #[derive(Debug, Clone, Copy)]
+    enum Sink {
+        Direct(usize),
+        Staged,
+        Lending,
+    }
     let cases = [
-        (Some(0), false),
-        (None, false),
-        (Some(0), true),
-        (Some(7), false),
-        (Some(7), true),
+        (Sink::Direct(0), false),
+        (Sink::Staged, false),
+        (Sink::Lending, false),
+        (Sink::Direct(0), true),
+        (Sink::Direct(7), false),
+        (Sink::Direct(7), true),
+        (Sink::Lending, true),
     ];
-    for (direct, resident) in cases {
+    for (kind, resident) in cases {
         let st = FaultyStorage::new();
         st.set_resident(resident);
         let store = open(&st, config());
@@ -265,20 +421,27 @@ fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
             .unwrap();
         st.flip_bit(&path, (len - 3) * 8).unwrap();
 
-        let (err, discarded) = match direct {
-            Some(page) => {
+        let (err, discarded) = match kind {
+            Sink::Direct(page) => {
                 let mut sink = Direct::paged(page);
                 (store.restore(&hit, &mut sink).unwrap_err(), sink.discarded)
             }
-            None => {
+            Sink::Staged => {
                 let mut sink = Staged::default();
                 let e = store.restore(&hit, &mut sink).unwrap_err();
                 // Rows of the first block, and of the bad one, had arrived.
                 assert!(sink.rows.positions() > 256);
                 (e, sink.discarded)
             }
+            Sink::Lending => {
+                let mut sink = Lending::default();
+                let e = store.restore(&hit, &mut sink).unwrap_err();
+                // Every block's rows had been handed over: the checksums lag behind.
+                assert_eq!(sink.next, vec![700; 4]);
+                (e, sink.discarded)
+            }
         };
-        let case = format!("direct: {direct:?}, resident: {resident}");
+        let case = format!("{kind:?}, resident: {resident}");
         assert_eq!(
             err.miss_reason().to_string(),
             "ssd_restore_error:checksum",
@@ -286,6 +449,46 @@ fn a_checksum_failure_after_rows_arrived_is_a_miss_and_discards_the_sink() {
         );
         assert!(discarded, "{case}");
     }
+}
+
+/// A sink that lends buffers too small for an extent, or whose hand-over fails on its first,
+/// a middle or its last call, ends the restore with an error and a `discard`: no hang (the
+/// reader, the hashers and the calling thread each stop when another does), no panic.
+#[test]
+fn a_lending_sink_that_fails_ends_the_restore() {
+    let st = FaultyStorage::new();
+    let store = open(&st, config());
+    let t = tokens(700, 5);
+    store.put(&wide_entry(WIDE, &t)).unwrap();
+    let hit = lookup(&store, &t).exact.unwrap();
+    // 3 blocks of 4 layers; an extent of whole layers (at least 4 MiB): a hand-over a layer.
+    let calls = 3 * 4;
+    let short = Lending {
+        short: 1,
+        ..Lending::default()
+    };
+    let failing = |at| Lending {
+        fail_at: Some(at),
+        ..Lending::default()
+    };
+    for mut sink in [short, failing(1), failing(calls / 2), failing(calls)] {
+        let case = format!("short {}, failing at {:?}", sink.short, sink.fail_at);
+        let err = store.restore(&hit, &mut sink).unwrap_err();
+        assert!(sink.discarded, "{case}");
+        assert!(
+            err.miss_reason()
+                .to_string()
+                .starts_with("ssd_restore_error"),
+            "{case}: {err}"
+        );
+        if let Some(at) = sink.fail_at {
+            assert_eq!(sink.calls, at, "{case}: no hand-over after the failed one");
+        }
+    }
+    // The same store still restores into a sink that doesn't fail.
+    let mut ok = Lending::default();
+    store.restore(&hit, &mut ok).unwrap();
+    assert_eq!(ok.received().truncated(700), wide_rows(WIDE, &t));
 }
 
 /// A sink whose pieces leave a gap, overlap, or hold the wrong number of values fails the

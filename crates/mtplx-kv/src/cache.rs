@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::bytes::BufferId;
 use crate::error::KvError;
-use crate::lend::LentLayer;
+use crate::lend::{staged_part, LentLayer, StagingBuffer};
 use crate::shape::{KvShape, LayoutKind};
 use crate::share::ShareTarget;
 use crate::KvDtype;
@@ -135,6 +135,32 @@ pub trait KvCache: KvView {
     fn append_in_place(&mut self, n: usize) -> Option<Vec<LentLayer<'_>>> {
         let _ = n;
         None
+    }
+
+    /// Up to `count` host buffers of at least `bytes` bytes each that
+    /// [`KvCache::append_staged`] copies rows out of as they are: a cache whose storage is
+    /// not host memory (a device's) lends memory its copies read directly, sparing the copy
+    /// into its own staging that [`KvCache::append_stored`] makes of the caller's bytes.
+    /// `None` (the default, and every host layout): use [`KvCache::append_stored`] (or
+    /// [`KvCache::append_in_place`]).
+    fn lend_staging(&mut self, count: usize, bytes: usize) -> Option<Vec<Box<dyn StagingBuffer>>> {
+        let _ = (count, bytes);
+        None
+    }
+
+    /// Appends the stored rows at bytes `k` and `v` of `buf`, as [`KvCache::append_stored`]
+    /// appends the same bytes. A buffer this cache lent may still be read by the copy when
+    /// this returns (its [`StagingBuffer::to_fill`] waits for that); the default, for any
+    /// buffer, calls `append_stored`.
+    fn append_staged(
+        &mut self,
+        layer: usize,
+        buf: &mut dyn StagingBuffer,
+        k: Range<usize>,
+        v: Range<usize>,
+    ) -> Result<(), KvError> {
+        let bytes = buf.bytes();
+        self.append_stored(layer, staged_part(bytes, k)?, staged_part(bytes, v)?)
     }
 
     /// Makes room for `n` positions in every layer ahead of the appends that will bring it

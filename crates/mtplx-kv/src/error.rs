@@ -51,6 +51,12 @@ pub enum KvError {
     },
     #[error("this device's caches do not store {0} K/V")]
     DeviceDtype(crate::KvDtype),
+    #[error("rows at bytes {start}..{end} of a staging buffer of {len}")]
+    StagedRange {
+        start: usize,
+        end: usize,
+        len: usize,
+    },
     /// A cache in an accelerator's memory failed to copy or compute.
     #[error("device: {0}")]
     Device(String),

@@ -73,7 +73,7 @@ pub use cache::{footprint, KvCache, KvView};
 pub use contiguous::Contiguous;
 pub use error::KvError;
 pub use factory::{CacheFactory, DeviceCaches, Layout, MakeDeviceCache};
-pub use lend::{LentLayer, LentPiece};
+pub use lend::{staged_part, LentLayer, LentPiece, StagingBuffer};
 pub use paged::{BlockPool, Paged, PoolStats};
 pub use recurrent::{RecurrentLayerShape, RecurrentSnapshot, RecurrentState};
 pub use segmented::Segmented;

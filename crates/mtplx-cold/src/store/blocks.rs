@@ -8,7 +8,9 @@
 //! known, which the sink contract covers (a failed restore calls [`KvSink::discard`]).
 //!
 //! When every block is already in memory and the sink lends its rows, there is no I/O to
-//! overlap with: `resident.rs` reads and hashes whole blocks on several threads instead.
+//! overlap with: `resident.rs` reads and hashes whole blocks on several threads instead. A
+//! sink that lends host buffers rather than its rows (a device's cache) gets its blocks read
+//! into them by `lent.rs`.
 
 use std::ops::Range;
 use std::sync::mpsc;
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::blob::{check_header, open_blob};
 use super::inner::Inner;
+use super::lent::{read_lent, LENT_BUFFERS, LENT_EXTENT_BYTES};
 use super::resident;
 use super::rows::{read_into, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
@@ -69,7 +72,15 @@ pub(super) fn read_blocks(
 ) -> Result<BlocksRead, Failed> {
     let plan = Plan::new(head, point);
     match sink.direct_rows() {
-        None => run(inner, body, &plan, Vec::new(), Deliver::Calls(sink)),
+        None => {
+            // A sink that lends host buffers gets its rows in them (`lent.rs`).
+            let lent = Plan::with_extents(head, point, LENT_EXTENT_BYTES);
+            let bytes = lent.layers_per_extent * 2 * BLOCK_TOKENS * lent.row_bytes;
+            match sink.lend_staging(LENT_BUFFERS, bytes) {
+                Some(buffers) => read_lent(inner, body, &lent, sink, buffers),
+                None => run(inner, body, &plan, Vec::new(), Deliver::Calls(sink)),
+            }
+        }
         Some(layers) => {
             let per_block = split_at_blocks(layers, &plan)
                 .map_err(|what| (ReadError::Sink(what.into()), None))?;
@@ -383,14 +394,18 @@ const READ_PIECE: usize = 256 << 10;
 /// one thread's copies out of the page cache (or one request at a time to the disk) are
 /// slower than the rest of a staged restore (measured on an H100's host: a 4.2 GB restore
 /// into a device cache read 5.4 GB/s with one reader thread).
-fn read_pieces(file: &dyn StorageFile, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+pub(super) fn read_pieces(
+    file: &dyn StorageFile,
+    offset: u64,
+    buf: &mut [u8],
+) -> std::io::Result<()> {
     use rayon::prelude::*;
     buf.par_chunks_mut(READ_PIECE)
         .enumerate()
         .try_for_each(|(i, piece)| file.read_at(offset + (i * READ_PIECE) as u64, piece))
 }
 
-fn io(source: std::io::Error, key: [u8; 32]) -> ReadError {
+pub(super) fn io(source: std::io::Error, key: [u8; 32]) -> ReadError {
     ReadError::Io {
         blob: super::blob::blob_name(BlobKind::KvBlock, &key),
         source,

@@ -3,6 +3,7 @@
 mod blob;
 mod blocks;
 mod inner;
+mod lent;
 mod lookup;
 mod open;
 mod read;

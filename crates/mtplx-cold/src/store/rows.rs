@@ -149,6 +149,11 @@ pub(super) struct Plan {
 
 impl Plan {
     pub(super) fn new(head: &EntryHead, point: usize) -> Plan {
+        Plan::with_extents(head, point, EXTENT_BYTES)
+    }
+
+    /// A plan whose extents hold at least `extent_bytes` bytes (whole layers of a block).
+    pub(super) fn with_extents(head: &EntryHead, point: usize, extent_bytes: usize) -> Plan {
         let g = head.geometry;
         let layer_bytes = 2 * BLOCK_TOKENS * g.row_bytes();
         Plan {
@@ -157,7 +162,7 @@ impl Plan {
             point,
             nblocks: blocks_for(point),
             entry_tokens: head.n_tokens as usize,
-            layers_per_extent: EXTENT_BYTES
+            layers_per_extent: extent_bytes
                 .div_ceil(layer_bytes)
                 .clamp(1, g.layers as usize),
         }

@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use mtplx_kv::{
-    CacheFactory, KvCache, KvDtype, KvError, KvShape, KvView, Layout, LayoutKind, MakeDeviceCache,
+    staged_part, CacheFactory, KvCache, KvDtype, KvError, KvShape, KvView, Layout, LayoutKind,
+    MakeDeviceCache, StagingBuffer,
 };
 
 use super::device::CudaDevice;
+use super::lent::Lent;
 
 /// Positions a cache grows by.
 const GROW: usize = 256;
@@ -132,27 +134,33 @@ impl CudaKvCache {
         Ok(())
     }
 
-    /// Appends rows given as stored bytes (checked whole rows of this cache's type).
-    fn append_bytes(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+    /// Makes room for `k` and `v` bytes of stored rows after `layer`'s (checked whole rows
+    /// of this cache's type, as many of K as of V): their count, and the byte they go at.
+    fn room_for(&mut self, layer: usize, k: usize, v: usize) -> Result<(usize, usize), KvError> {
         self.check_layer(layer)?;
         let row = self.row_bytes(1);
-        if !k.len().is_multiple_of(row) {
+        if !k.is_multiple_of(row) {
             return Err(KvError::RaggedRows {
                 what: "K",
-                got: k.len(),
+                got: k,
                 row_len: row,
             });
         }
-        if k.len() != v.len() {
+        if k != v {
             return Err(KvError::KvRowMismatch {
-                k: k.len() / row,
-                v: v.len() / row,
+                k: k / row,
+                v: v / row,
             });
         }
-        let n = k.len() / row;
+        let n = k / row;
         let at = self.lens[layer];
         self.reserve(at + n)?;
-        let at = at * row;
+        Ok((n, at * row))
+    }
+
+    /// Appends rows given as stored bytes (checked whole rows of this cache's type).
+    fn append_bytes(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        let (n, at) = self.room_for(layer, k.len(), v.len())?;
         // Through pinned staging: the copy to the device overlaps the caller's next rows.
         self.dev
             .write_staged(k, &mut self.k[layer], at)
@@ -264,6 +272,40 @@ impl KvCache for CudaKvCache {
     /// Stored bytes go to the device as they are: a restore never rounds them again.
     fn append_stored(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
         self.append_bytes(layer, k, v)
+    }
+
+    /// Page-locked buffers of the device's (`lent.rs`); `None` where they can't be had,
+    /// and the restore takes the copying path.
+    fn lend_staging(&mut self, count: usize, bytes: usize) -> Option<Vec<Box<dyn StagingBuffer>>> {
+        let lent = self.dev.lend_host(count, bytes).ok()?;
+        Some(lent.into_iter().map(|b| Box::new(b) as _).collect())
+    }
+
+    /// From a buffer this device lent, the rows go to the device straight from it.
+    fn append_staged(
+        &mut self,
+        layer: usize,
+        buf: &mut dyn StagingBuffer,
+        k: Range<usize>,
+        v: Range<usize>,
+    ) -> Result<(), KvError> {
+        // Both ranges lie in the buffer.
+        let bytes = buf.bytes();
+        staged_part(bytes, k.clone())?;
+        staged_part(bytes, v.clone())?;
+        let Some(lent) = buf.as_any_mut().downcast_mut::<Lent>() else {
+            let bytes = buf.bytes();
+            return self.append_bytes(layer, &bytes[k], &bytes[v]);
+        };
+        let (n, at) = self.room_for(layer, k.len(), v.len())?;
+        self.dev
+            .write_lent(lent, k, &mut self.k[layer], at)
+            .map_err(kv_error)?;
+        self.dev
+            .write_lent(lent, v, &mut self.v[layer], at)
+            .map_err(kv_error)?;
+        self.lens[layer] += n;
+        Ok(())
     }
 
     /// Attention for host queries: the rows go to the host and the shared host kernel runs

@@ -13,6 +13,7 @@ use cudarc::nvrtc::Ptx;
 use mtplx_kv::KvDtype;
 
 pub(crate) use super::fault::device_error;
+use super::lent::{Lent, LentPool};
 use super::matrix::{DeviceMatrix, Upload};
 use super::q8::{Q8Kernels, RoundedX};
 use super::source::{
@@ -93,6 +94,8 @@ pub struct CudaDevice {
     host_ops: std::sync::Mutex<()>,
     /// Pinned buffers for copies from pageable memory (made on first use).
     staging: std::sync::Mutex<Option<Staging>>,
+    /// Page-locked buffers lent to restores, kept between them.
+    lent: LentPool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -230,6 +233,7 @@ impl CudaDevice {
             k,
             host_ops: std::sync::Mutex::new(()),
             staging: std::sync::Mutex::new(None),
+            lent: LentPool::new(&ctx),
         }))
     }
 
@@ -357,6 +361,32 @@ impl CudaDevice {
         }
         let staging = staging.as_mut().expect("just made");
         staging.send(&self.stream, host, base + at as u64, &self.host_ops)
+    }
+
+    /// `count` page-locked host buffers of at least `bytes` bytes each, for
+    /// [`CudaDevice::write_lent`] (`lent.rs`).
+    pub(crate) fn lend_host(&self, count: usize, bytes: usize) -> Result<Vec<Lent>> {
+        self.lent.lend(count, bytes)
+    }
+
+    /// Copies bytes `range` of `buf` into `dst` from byte `at`: in stream order,
+    /// asynchronously, straight from the page-locked buffer (whose refill waits for it).
+    pub(crate) fn write_lent(
+        &self,
+        buf: &mut Lent,
+        range: std::ops::Range<usize>,
+        dst: &mut CudaSlice<u8>,
+        at: usize,
+    ) -> Result<()> {
+        if at + range.len() > dst.len() {
+            return Err(ModelError::Device(format!(
+                "a copy of {} bytes at {at} into {} bytes",
+                range.len(),
+                dst.len()
+            )));
+        }
+        let base = self.address(dst);
+        buf.send(&self.stream, range, base + at as u64, &self.host_ops)
     }
 
     /// Copies elements `at..at + host.len()` of `src` into `host` (waits for the stream).

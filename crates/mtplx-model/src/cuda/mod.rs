@@ -18,6 +18,7 @@
 mod cache;
 mod device;
 mod fault;
+mod lent;
 mod matrix;
 mod model;
 mod mtp;

@@ -453,7 +453,10 @@ fn small_staged_copies_share_buffers_and_land_in_order() {
     let Some(dev) = device() else { return };
     let sizes: Vec<usize> = (0..120).map(|i| (300 << 10) + i * 4097).collect();
     let total: usize = sizes.iter().sum();
-    assert!(total > 4 * (8 << 20), "wraps around both buffers at least twice");
+    assert!(
+        total > 4 * (8 << 20),
+        "wraps around both buffers at least twice"
+    );
     let mut dst = dev.zeros::<u8>(total + 5).unwrap();
     let mut want = Vec::with_capacity(total);
     let mut host = vec![0u8; *sizes.iter().max().unwrap()];
@@ -694,4 +697,48 @@ fn attention_over(dev: &Arc<CudaDevice>, dtype: KvDtype, heads: (usize, usize, u
         block[(n - 1) * qh * hd..],
         "{dtype} {heads:?}: the last row alone"
     );
+}
+
+/// Rows handed over from buffers the device lent (page-locked, copied to the device straight
+/// out of them) land where they belong though each buffer is refilled right after its
+/// hand-over (the refill waits for the copy); ranges outside a buffer are refused; dropped
+/// buffers go back to the device and are lent again.
+#[test]
+fn rows_from_lent_buffers_land_though_each_is_refilled_at_once() {
+    let Some(dev) = device() else { return };
+    let shape = KvShape {
+        layers: 2,
+        kv_heads: 8,
+        head_dim: 128,
+    };
+    let row = KvDtype::F16.bytes(shape.row_len());
+    let n = 256;
+    let (k, v) = (0..n * row, n * row..2 * n * row);
+    for pass in 0..2 {
+        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
+        let mut lent = cache.lend_staging(2, 2 * n * row).expect("a device lends");
+        let mut want = vec![(Vec::new(), Vec::new()); shape.layers];
+        for round in 0..12 {
+            let (layer, buf) = (round % 2, &mut lent[(round / 2) % 2]);
+            let bytes = buf.to_fill().unwrap();
+            assert!(bytes.len() >= 2 * n * row);
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = (i * 13 + round * 101 + pass + i / 509) as u8;
+            }
+            want[layer].0.extend_from_slice(&bytes[k.clone()]);
+            want[layer].1.extend_from_slice(&bytes[v.clone()]);
+            cache
+                .append_staged(layer, buf.as_mut(), k.clone(), v.clone())
+                .unwrap();
+        }
+        let len = lent[0].bytes().len();
+        let outside = cache.append_staged(0, lent[0].as_mut(), len - row..len + row, k.clone());
+        assert!(outside.is_err());
+        drop(lent);
+        for (layer, (wk, wv)) in want.iter().enumerate() {
+            let (mut gk, mut gv) = (vec![0u8; wk.len()], vec![0u8; wv.len()]);
+            cache.read_raw(layer, 0..6 * n, &mut gk, &mut gv).unwrap();
+            assert!(gk == *wk && gv == *wv, "pass {pass}, layer {layer}");
+        }
+    }
 }

@@ -80,7 +80,8 @@ pub struct Record {
 /// `mtplx_cold::RestoreTimings`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SsdRead {
-    /// `staged` (into staging buffers, handed over row by row: a device cache), `streamed`
+    /// `staged` (into staging buffers, handed over row by row), `lent` (into host buffers a
+    /// device cache lent, handed over whole), `streamed`
     /// (straight into the cache's rows) or `resident` (every block in memory).
     pub path: &'static str,
     pub bytes: u64,
@@ -102,6 +103,7 @@ impl From<&mtplx_bank::RestoreReport> for SsdRead {
         SsdRead {
             path: match r.read_path {
                 mtplx_bank::ReadPath::Staged => "staged",
+                mtplx_bank::ReadPath::Lent { .. } => "lent",
                 mtplx_bank::ReadPath::Streamed => "streamed",
                 mtplx_bank::ReadPath::Resident { .. } => "resident",
             },
