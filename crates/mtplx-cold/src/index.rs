@@ -131,11 +131,13 @@ pub struct RestoreTimings {
     /// reader waited for the calling thread (which hashes every extent and, for a sink
     /// without direct rows, copies it into the sink), plus the time from the last byte read
     /// to the last checksum checked; with direct rows, the checksum's cost not hidden behind
-    /// I/O. Resident: there is no I/O to hide behind; all threads' hashing time divided by the
-    /// number of threads, an estimate of the checksum's share of the wall time.
+    /// I/O. Lent: the readers' waits for free buffers (hashed and copied out), summed, plus
+    /// the time from the last byte read to the last checksum checked. Resident: there is no
+    /// I/O to hide behind; all threads' hashing time divided by the number of threads, an
+    /// estimate of the checksum's share of the wall time.
     pub io_stalled: Duration,
     /// Streamed: the reader thread's time in reads (the page cache or the disk), summed
-    /// over its extents. Zero on the resident path.
+    /// over its extents (lent: over its readers' too). Zero on the resident path.
     pub reading: Duration,
     /// Streamed: the calling thread's time on the extents it received (hashing them, and
     /// for a sink without direct rows, handing their rows over).
@@ -145,6 +147,8 @@ pub struct RestoreTimings {
     pub handing_over: Duration,
     /// Streamed: the calling thread's time waiting for the reader's next extent.
     pub awaiting_reads: Duration,
+    /// Lent: the hasher threads' time hashing, summed over them.
+    pub hashing: Duration,
 }
 
 /// The SSD tier as the bank uses it.

@@ -77,8 +77,10 @@ pub(super) fn read_blocks(
             let lent = Plan::with_extents(head, point, LENT_EXTENT_BYTES);
             let bytes = lent.layers_per_extent * 2 * BLOCK_TOKENS * lent.row_bytes;
             match sink.lend_staging(LENT_BUFFERS, bytes) {
-                Some(buffers) => read_lent(inner, body, &lent, sink, buffers),
-                None => run(inner, body, &plan, Vec::new(), Deliver::Calls(sink)),
+                Some(buffers) if !buffers.is_empty() => {
+                    read_lent(inner, body, &lent, sink, buffers)
+                }
+                _ => run(inner, body, &plan, Vec::new(), Deliver::Calls(sink)),
             }
         }
         Some(layers) => {

@@ -2,13 +2,17 @@
 //! a device cache's page-locked memory). Three stages run side by side, each buffer passing
 //! through them in turn:
 //!
-//! - the reader thread fills a free buffer with an extent (whole layers of a block, read in
+//! - a reader thread fills a free buffer with an extent (whole layers of a block, read in
 //!   pieces on rayon's threads), after [`StagingBuffer::to_fill`] has waited for the
 //!   buffer's last copy out;
 //! - the calling thread hands the extent's rows to the sink ([`KvSink::write_staged`]),
 //!   which queues their copy and returns;
 //! - hasher threads, each taking every `HASHERS`-th block, hash the extent and free the
-//!   buffer for the reader.
+//!   buffer for its reader.
+//!
+//! Two readers take alternate blocks, each with its own share of the buffers (the calling
+//! thread takes blocks in order from each in turn, so a reader never waits for buffers the
+//! other holds).
 //!
 //! Nothing copies the rows between the read and the sink's own copy, and the checksums no
 //! longer hold up the hand-over: the staged path (`blocks.rs`) copies every byte into the
@@ -34,17 +38,21 @@ use crate::payload::{KvSink, StagingBuffer};
 /// one hand-over, and its pieces are read side by side.
 pub(super) const LENT_EXTENT_BYTES: usize = 4 << 20;
 
-/// Buffers asked of the sink: enough for the reader to run ahead of the hand-over and the
-/// checksums of a few blocks.
-pub(super) const LENT_BUFFERS: usize = 12;
+/// Buffers asked of the sink, shared out among the readers: enough for each to run ahead
+/// of the hand-over and the checksums.
+pub(super) const LENT_BUFFERS: usize = 16;
 
-/// Threads hashing blocks side by side (block `i` on thread `i % HASHERS`): one thread
-/// hashes 4-7 GB/s, a device's restore reads faster than that.
-const HASHERS: usize = 4;
+/// Reader threads, each taking every `READERS`-th block with buffers of its own, so one
+/// block's reads are under way while another's last piece comes in.
+const READERS: usize = 2;
+
+/// Threads hashing blocks side by side (block `i` on thread `i % HASHERS`), each extent on
+/// rayon's threads: one thread hashes a few GB/s, and a device's restore reads faster.
+const HASHERS: usize = 6;
 
 type Buffer = Box<dyn StagingBuffer>;
 
-/// What the reader sends the calling thread, in file order.
+/// What a reader sends the calling thread, in file order of its blocks.
 enum Read {
     /// Block `block`'s header, already checked against the manifest; its checksum is not.
     Header {
@@ -75,11 +83,20 @@ enum Hash {
         head: Box<[u8; HEADER_LEN]>,
         sum: [u8; 32],
     },
+    /// `home`: the reader the buffer goes back to.
     Extent {
         len: usize,
         last: bool,
+        home: usize,
         buf: Buffer,
     },
+}
+
+/// A hasher's word on a block: whether its checksum held, and the time spent hashing it.
+struct Verdict {
+    block: usize,
+    ok: bool,
+    busy: Duration,
 }
 
 /// Reads blocks `0 .. plan.nblocks` into `buffers` (lent by `sink`, each holding at least
@@ -91,108 +108,147 @@ pub(super) fn read_lent(
     sink: &mut dyn KvSink,
     buffers: Vec<Buffer>,
 ) -> Result<BlocksRead, Failed> {
-    let (read_tx, read_rx) = mpsc::channel::<Result<Read, Failed>>();
-    let (free_tx, free_rx) = mpsc::channel::<Buffer>();
-    let (sum_tx, sum_rx) = mpsc::channel::<(usize, bool)>();
-    for buf in buffers {
-        free_tx.send(buf).expect("the receiver is here");
-    }
+    let readers = READERS.min(plan.nblocks).min(buffers.len()).max(1);
     let hashers = HASHERS.min(plan.nblocks).max(1);
+    let (free_tx, free_rx): (Vec<_>, Vec<_>) = (0..readers).map(|_| mpsc::channel()).unzip();
+    for (i, buf) in buffers.into_iter().enumerate() {
+        free_tx[i % readers]
+            .send(buf)
+            .expect("the receiver is here");
+    }
+    let (read_tx, read_rx): (Vec<_>, Vec<_>) = (0..readers).map(|_| mpsc::channel()).unzip();
+    let (verdict_tx, verdict_rx) = mpsc::channel::<Verdict>();
 
     // `move`: the channels' ends are dropped when the caller stops early, which ends the
-    // reader (its free buffers stop coming) and the hashers (their work stops coming).
+    // readers (their free buffers stop coming) and the hashers (their work stops coming).
     std::thread::scope(move |scope| {
-        scope.spawn(move || {
-            if let Err(e) = read_all(inner, body, plan, &read_tx, free_rx) {
-                let _ = read_tx.send(Err(e));
-            }
-        });
+        for (r, (tx, free)) in read_tx.into_iter().zip(free_rx).enumerate() {
+            scope.spawn(move || {
+                let blocks = (r..plan.nblocks).step_by(readers);
+                if let Err(e) = read_all(inner, body, plan, blocks, &tx, free) {
+                    let _ = tx.send(Err(e));
+                }
+            });
+        }
         let mut to_hash = Vec::with_capacity(hashers);
         for _ in 0..hashers {
             let (tx, rx) = mpsc::channel::<Hash>();
-            let (free, sums) = (free_tx.clone(), sum_tx.clone());
-            scope.spawn(move || hash_blocks(rx, free, sums));
+            let (free, verdicts) = (free_tx.clone(), verdict_tx.clone());
+            scope.spawn(move || hash_blocks(rx, free, verdicts));
             to_hash.push(tx);
         }
-        drop((free_tx, sum_tx));
+        drop((free_tx, verdict_tx));
 
         let mut out = BlocksRead {
             path: ReadPath::Lent { hashers },
             ..BlocksRead::default()
         };
         let row = plan.row_bytes;
-        loop {
+        let recv = |from: usize, out: &mut BlocksRead| {
             let t = Instant::now();
-            let Ok(read) = read_rx.recv() else {
-                unreachable!("the reader ends with `Done` or an error")
+            let Ok(read) = read_rx[from].recv() else {
+                unreachable!("a reader ends with `Done` or an error")
             };
-            let received = Instant::now();
-            out.awaiting_reads += received - t;
-            match read? {
-                Read::Header { block, head, sum } => {
-                    let work = Hash::Header { block, head, sum };
-                    let _ = to_hash[block % hashers].send(work);
-                }
-                Read::Extent {
-                    block,
-                    layers,
-                    len,
-                    mut buf,
-                } => {
-                    let span = plan.stored(block) * row;
-                    let take = plan.wanted(block) * row;
-                    let start = block * BLOCK_TOKENS;
-                    for (i, l) in layers.clone().enumerate() {
-                        let k = 2 * i * span;
-                        let v = k + span;
-                        sink.write_staged(l, start, buf.as_mut(), k..k + take, v..v + take)
-                            .map_err(|e| (ReadError::Sink(e), None))?;
+            out.awaiting_reads += t.elapsed();
+            read
+        };
+        // Block by block, each from its reader: a header, then its extents.
+        for block in 0..plan.nblocks {
+            let home = block % readers;
+            loop {
+                match recv(home, &mut out)? {
+                    Read::Header {
+                        block: b,
+                        head,
+                        sum,
+                    } => {
+                        debug_assert_eq!(b, block, "a reader's blocks come in order");
+                        let _ = to_hash[block % hashers].send(Hash::Header { block, head, sum });
                     }
-                    let last = layers.end == plan.g.layers as usize;
-                    let _ = to_hash[block % hashers].send(Hash::Extent { len, last, buf });
-                    if last {
-                        let n = plan.stored(block);
-                        out.bytes += (HEADER_LEN + n * plan.g.bytes_per_token() as usize) as u64;
+                    Read::Extent {
+                        block: b,
+                        layers,
+                        len,
+                        mut buf,
+                    } => {
+                        debug_assert_eq!(b, block, "a block's extents follow its header");
+                        let t = Instant::now();
+                        let span = plan.stored(block) * row;
+                        let take = plan.wanted(block) * row;
+                        let start = block * BLOCK_TOKENS;
+                        for (i, l) in layers.clone().enumerate() {
+                            let k = 2 * i * span;
+                            let v = k + span;
+                            sink.write_staged(l, start, buf.as_mut(), k..k + take, v..v + take)
+                                .map_err(|e| (ReadError::Sink(e), None))?;
+                        }
+                        let last = layers.end == plan.g.layers as usize;
+                        let work = Hash::Extent {
+                            len,
+                            last,
+                            home,
+                            buf,
+                        };
+                        let _ = to_hash[block % hashers].send(work);
+                        out.delivering += t.elapsed();
+                        if last {
+                            let n = plan.stored(block);
+                            let bytes = HEADER_LEN + n * plan.g.bytes_per_token() as usize;
+                            out.bytes += bytes as u64;
+                            break;
+                        }
                     }
-                    out.delivering += received.elapsed();
-                }
-                Read::Done {
-                    at,
-                    waited,
-                    reading,
-                } => {
-                    drop(to_hash);
-                    // Every block's verdict, in block order: the first failure is the miss.
-                    let mut sums: Vec<(usize, bool)> = sum_rx.iter().collect();
-                    sums.sort_unstable();
-                    let failed = sums.iter().find(|(_, ok)| !ok).map(|(b, _)| *b);
-                    let failed = failed.or((sums.len() < plan.nblocks).then_some(sums.len()));
-                    if let Some(block) = failed {
-                        let key = body.blocks[block].0;
-                        let blob = blob_name(BlobKind::KvBlock, &key);
-                        let e = ReadError::Checksum { blob };
-                        return Err((e, Some((BlobKind::KvBlock, key))));
-                    }
-                    out.blocks = plan.nblocks;
-                    out.io_stalled = waited + at.elapsed();
-                    out.reading = reading;
-                    return Ok(out);
+                    Read::Done { .. } => unreachable!("a reader is done after its last block"),
                 }
             }
         }
+        // Each reader's account: what it waited for and read, plus the time from its last
+        // byte to the last checksum.
+        let mut last_read: Option<Instant> = None;
+        for from in 0..readers {
+            if let Read::Done {
+                at,
+                waited,
+                reading,
+            } = recv(from, &mut out)?
+            {
+                out.io_stalled += waited;
+                out.reading += reading;
+                last_read = last_read.max(Some(at));
+            }
+        }
+        drop(to_hash);
+        // Every block's verdict, in block order: the first failure is the miss.
+        let mut verdicts: Vec<Verdict> = verdict_rx.iter().collect();
+        verdicts.sort_unstable_by_key(|v| v.block);
+        out.hashing = verdicts.iter().map(|v| v.busy).sum();
+        let failed = verdicts.iter().position(|v| !v.ok);
+        let failed = failed.or((verdicts.len() < plan.nblocks).then_some(verdicts.len()));
+        if let Some(block) = failed {
+            let key = body.blocks[block].0;
+            let blob = blob_name(BlobKind::KvBlock, &key);
+            let e = ReadError::Checksum { blob };
+            return Err((e, Some((BlobKind::KvBlock, key))));
+        }
+        out.blocks = plan.nblocks;
+        out.io_stalled += last_read.map_or(Duration::ZERO, |at| at.elapsed());
+        Ok(out)
     })
 }
 
 /// A hasher thread: its blocks' headers and extents in order; a verdict for each block;
-/// each buffer back to the reader once hashed.
+/// each buffer back to its reader once hashed.
 fn hash_blocks(
     work: mpsc::Receiver<Hash>,
-    free: mpsc::Sender<Buffer>,
-    sums: mpsc::Sender<(usize, bool)>,
+    free: Vec<mpsc::Sender<Buffer>>,
+    verdicts: mpsc::Sender<Verdict>,
 ) {
-    let mut hasher = GatherHasher::default();
-    let (mut block, mut sum) = (0, [0u8; 32]);
+    // An extent's hash on rayon's threads too: a block's extents are hashed in order, so one
+    // thread a block would leave the checksums as slow as the blocks in flight are few.
+    let mut hasher = GatherHasher::parallel();
+    let (mut block, mut sum, mut busy) = (0, [0u8; 32], Duration::ZERO);
     for w in work {
+        let t = Instant::now();
         match w {
             Hash::Header {
                 block: b,
@@ -201,16 +257,25 @@ fn hash_blocks(
             } => {
                 hasher.reset();
                 hasher.update(&head[..CHECKSUM_AT]);
-                (block, sum) = (b, s);
+                (block, sum, busy) = (b, s, Duration::ZERO);
             }
-            Hash::Extent { len, last, buf } => {
+            Hash::Extent {
+                len,
+                last,
+                home,
+                buf,
+            } => {
                 hasher.update(&buf.bytes()[..len]);
-                let _ = free.send(buf);
+                let _ = free[home].send(buf);
                 if last {
-                    let _ = sums.send((block, hasher.finalize() == sum));
+                    let ok = hasher.finalize() == sum;
+                    busy += t.elapsed();
+                    let _ = verdicts.send(Verdict { block, ok, busy });
+                    continue;
                 }
             }
         }
+        busy += t.elapsed();
     }
 }
 
@@ -219,6 +284,7 @@ fn read_all(
     inner: &Inner,
     body: &EntryBody,
     plan: &Plan,
+    blocks: impl Iterator<Item = usize> + Clone,
     tx: &mpsc::Sender<Result<Read, Failed>>,
     free: mpsc::Receiver<Buffer>,
 ) -> Result<(), Failed> {
@@ -230,15 +296,14 @@ fn read_all(
         }
         f
     };
-    let mut next = Some(open(0));
-    for block in 0..plan.nblocks {
+    let mut ahead = blocks.clone().skip(1);
+    let mut next = blocks.clone().next().map(open);
+    for block in blocks {
         let key = body.blocks[block].0;
         let blob = |e| (e, Some((BlobKind::KvBlock, key)));
         let file = next.take().expect("opened ahead").map_err(blob)?;
-        // The kernel reads the next block ahead while this one streams.
-        if block + 1 < plan.nblocks {
-            next = Some(open(block + 1));
-        }
+        // The kernel reads this reader's next block ahead while this one streams.
+        next = ahead.next().map(open);
         let n = plan.stored(block);
         let layer_bytes = 2 * n * plan.row_bytes;
         let bytes = n * plan.g.bytes_per_token() as usize;

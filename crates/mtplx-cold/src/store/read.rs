@@ -145,6 +145,7 @@ fn deliver(
             delivering: blocks.delivering,
             handing_over: blocks.handing_over,
             awaiting_reads: blocks.awaiting_reads,
+            hashing: blocks.hashing,
             ..RestoreTimings::default()
         },
     };

@@ -35,8 +35,8 @@ pub(super) struct LayerRows<'s> {
 ///
 /// A parallel hasher ([`GatherHasher::parallel`]) hashes an update of
 /// [`GatherHasher::PARALLEL_FROM`] bytes or more on blake3's threads (the same digest): for
-/// a restore whose calling thread hashes and delivers every byte itself (a sink without
-/// direct rows: a device's cache), where that thread is the restore's pace.
+/// the restores whose checksums are their pace (a sink without direct rows: a device's
+/// cache, staged or lent).
 #[derive(Default)]
 pub(super) struct GatherHasher {
     hasher: blake3::Hasher,
@@ -134,6 +134,7 @@ pub(super) struct BlocksRead {
     pub(super) delivering: Duration,
     pub(super) handing_over: Duration,
     pub(super) awaiting_reads: Duration,
+    pub(super) hashing: Duration,
 }
 
 /// The shape of a restore: which blocks, how many of their rows, in which extents.

@@ -94,6 +94,8 @@ pub struct SsdRead {
     pub handing_over_s: f64,
     /// The calling thread's time waiting for the reader.
     pub awaiting_reads_s: f64,
+    /// Lent: the hasher threads' time, summed over them.
+    pub hashing_s: f64,
     pub io_stalled_s: f64,
 }
 
@@ -113,6 +115,7 @@ impl From<&mtplx_bank::RestoreReport> for SsdRead {
             delivering_s: t.delivering.as_secs_f64(),
             handing_over_s: t.handing_over.as_secs_f64(),
             awaiting_reads_s: t.awaiting_reads.as_secs_f64(),
+            hashing_s: t.hashing.as_secs_f64(),
             io_stalled_s: t.io_stalled.as_secs_f64(),
         }
     }
