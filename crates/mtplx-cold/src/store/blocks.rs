@@ -20,7 +20,7 @@ use super::blob::{check_header, open_blob};
 use super::inner::Inner;
 use super::lent::{read_lent, LENT_BUFFERS, LENT_EXTENT_BYTES};
 use super::resident;
-use super::rows::{read_into, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
+use super::rows::{io, read_into, read_pieces, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody, EntryHead};
 use crate::error::ReadError;
@@ -387,31 +387,6 @@ fn read_all<'s>(
         reading,
     }));
     Ok(())
-}
-
-/// Bytes of a staged extent one pool thread reads.
-const READ_PIECE: usize = 256 << 10;
-
-/// Fills `buf` from `offset` in pieces of [`READ_PIECE`] read side by side on rayon's pool:
-/// one thread's copies out of the page cache (or one request at a time to the disk) are
-/// slower than the rest of a staged restore (measured on an H100's host: a 4.2 GB restore
-/// into a device cache read 5.4 GB/s with one reader thread).
-pub(super) fn read_pieces(
-    file: &dyn StorageFile,
-    offset: u64,
-    buf: &mut [u8],
-) -> std::io::Result<()> {
-    use rayon::prelude::*;
-    buf.par_chunks_mut(READ_PIECE)
-        .enumerate()
-        .try_for_each(|(i, piece)| file.read_at(offset + (i * READ_PIECE) as u64, piece))
-}
-
-pub(super) fn io(source: std::io::Error, key: [u8; 32]) -> ReadError {
-    ReadError::Io {
-        blob: super::blob::blob_name(BlobKind::KvBlock, &key),
-        source,
-    }
 }
 
 #[cfg(test)]

@@ -23,9 +23,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::blob::{blob_name, check_header, open_blob};
-use super::blocks::{io, read_pieces};
 use super::inner::Inner;
-use super::rows::{BlocksRead, Failed, GatherHasher, Plan};
+use super::rows::{io, read_pieces, BlocksRead, Failed, GatherHasher, Plan};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody};
 use crate::error::ReadError;
