@@ -73,10 +73,12 @@ pub(super) fn read_blocks(
     let plan = Plan::new(head, point);
     match sink.direct_rows() {
         None => {
-            // A sink that lends host buffers gets its rows in them (`lent.rs`).
+            // A sink that lends host buffers gets its rows in them (`lent.rs`): no more
+            // buffers than the restore has extents (a device pins each one it lends).
             let lent = Plan::with_extents(head, point, LENT_EXTENT_BYTES);
             let bytes = lent.layers_per_extent * 2 * BLOCK_TOKENS * lent.row_bytes;
-            match sink.lend_staging(LENT_BUFFERS, bytes) {
+            let count = LENT_BUFFERS.min(lent.nblocks * lent.extents().count());
+            match sink.lend_staging(count, bytes) {
                 Some(buffers) if !buffers.is_empty() => {
                     read_lent(inner, body, &lent, sink, buffers)
                 }
