@@ -109,12 +109,14 @@ impl Lent {
         self.memory.as_ref().expect("taken only on drop")
     }
 
-    /// Waits for the last copy out of this buffer.
+    /// Waits for the last copy out of this buffer. Only a wait that succeeds forgets the
+    /// copy: after a failed one, the buffer is never refilled or freed as if it were idle.
     fn wait(&mut self) -> Result<()> {
-        if let Some(e) = self.sent.take() {
+        if let Some(e) = &self.sent {
             e.synchronize()
                 .map_err(|e| device_error("wait for a copy out of a lent buffer", e))?;
         }
+        self.sent = None;
         Ok(())
     }
 
