@@ -1,5 +1,6 @@
 //! Restore throughput against a raw sequential read of the same blob files on the same
-//! disk, with the page cache dropped (posix_fadvise DONTNEED) and warm; write throughput;
+//! disk, with the page cache dropped (posix_fadvise DONTNEED) and warm, into rows a sink
+//! lends, through staging, and through host buffers a sink lends; write throughput;
 //! blake3 and manifest overhead as fractions of a restore.
 //!
 //! `cargo bench -p mtplx-cold --bench cold`; the store goes under `$MTPLX_BENCH_DIR`
@@ -10,13 +11,15 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput};
 use mtplx_cold::storage::drop_page_cache;
 use mtplx_cold::{
     BoxError, ColdCandidate, ColdConfig, ColdIndex, ColdQuery, ColdStore, DirectLayer, DirectPiece,
-    Identity, KvDtype, KvGeometry, KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry, GIB,
+    Identity, KvDtype, KvGeometry, KvRows, KvSink, Mtp, Recurrent, RestoreTimings, SpillEntry,
+    StagingBuffer, GIB,
 };
 
 /// The rows' element type: `$MTPLX_BENCH_KV_DTYPE`, f32 by default.
@@ -73,16 +76,47 @@ fn entry(salt: u32) -> SpillEntry {
 
 /// A cache the caller preallocated. `direct`: it lends its rows, so blocks are read
 /// straight into it; otherwise rows are staged and copied in through `write_rows` (what an
-/// append-only layout costs). `page`: it lends them in pieces of that many positions, as a
-/// paged cache does (the server's default layout has 16-position pages).
+/// append-only layout costs), or, with `lent` buffers, read into host buffers it lends and
+/// copied in from there (the path of a device's cache, whose copy here is a host one).
+/// `page`: it lends its rows in pieces of that many positions, as a paged cache does (the
+/// server's default layout has 16-position pages).
 struct Contiguous {
     /// Bytes of a row.
     row: usize,
     rows: usize,
     direct: bool,
     page: Option<usize>,
+    /// Buffers to lend, kept between restores as a device keeps its own.
+    lent: Option<Arc<Mutex<Vec<Vec<u8>>>>>,
     k: Vec<Vec<u8>>,
     v: Vec<Vec<u8>>,
+}
+
+/// A buffer a lending [`Contiguous`] lent: back to its pool when the restore drops it.
+struct Lent {
+    bytes: Vec<u8>,
+    pool: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl StagingBuffer for Lent {
+    fn to_fill(&mut self) -> Result<&mut [u8], BoxError> {
+        Ok(&mut self.bytes)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(&mut self.bytes);
+        self.pool.lock().unwrap().push(bytes);
+    }
 }
 
 impl Contiguous {
@@ -95,6 +129,7 @@ impl Contiguous {
             rows: 0,
             direct,
             page: None,
+            lent: None,
             k: vec![vec![0; n]; layers],
             v: vec![vec![0; n]; layers],
         }
@@ -104,6 +139,13 @@ impl Contiguous {
         Contiguous {
             page: Some(page),
             ..Contiguous::new(true)
+        }
+    }
+
+    fn lending() -> Contiguous {
+        Contiguous {
+            lent: Some(Arc::default()),
+            ..Contiguous::new(false)
         }
     }
 }
@@ -135,6 +177,19 @@ impl KvSink for Contiguous {
                 })
                 .collect()
         })
+    }
+
+    fn lend_staging(&mut self, count: usize, bytes: usize) -> Option<Vec<Box<dyn StagingBuffer>>> {
+        let pool = self.lent.as_ref()?;
+        let lend = |_| {
+            let mut kept = pool.lock().unwrap().pop().unwrap_or_default();
+            kept.resize(bytes, 0);
+            Box::new(Lent {
+                bytes: kept,
+                pool: pool.clone(),
+            }) as Box<dyn StagingBuffer>
+        };
+        Some((0..count).map(lend).collect())
     }
 
     fn write_rows(&mut self, l: usize, start: usize, k: &[u8], v: &[u8]) -> Result<(), BoxError> {
@@ -231,6 +286,7 @@ fn benches(c: &mut Criterion, f: &Fixture) {
     g.throughput(Throughput::Bytes(f.bytes));
     let mut sink = Contiguous::new(true);
     let mut staged = Contiguous::new(false);
+    let mut lending = Contiguous::lending();
     let mut buf = Vec::with_capacity(12 << 20);
     g.bench_function("restore_cold", |b| {
         b.iter_batched(
@@ -246,6 +302,13 @@ fn benches(c: &mut Criterion, f: &Fixture) {
             BatchSize::PerIteration,
         )
     });
+    g.bench_function("restore_lent_cold", |b| {
+        b.iter_batched(
+            || drop_cache(&f.blobs),
+            |_| restore(f, &mut lending),
+            BatchSize::PerIteration,
+        )
+    });
     g.bench_function("raw_read_cold", |b| {
         b.iter_batched(
             || drop_cache(&f.blobs),
@@ -257,6 +320,7 @@ fn benches(c: &mut Criterion, f: &Fixture) {
     g.bench_function("restore_staged_warm", |b| {
         b.iter(|| restore(f, &mut staged))
     });
+    g.bench_function("restore_lent_warm", |b| b.iter(|| restore(f, &mut lending)));
     g.bench_function("raw_read_warm", |b| b.iter(|| raw_read(&f.blobs, &mut buf)));
     g.finish();
 
