@@ -16,11 +16,14 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::blob::{check_header, open_blob};
+use super::blob::open_blob;
 use super::inner::Inner;
 use super::lent::{read_lent, LENT_BUFFERS, LENT_EXTENT_BYTES};
 use super::resident;
-use super::rows::{io, read_into, read_pieces, BlocksRead, Failed, GatherHasher, LayerRows, Plan};
+use super::rows::{
+    io, open_in_turn, read_into, read_pieces, BlocksRead, Failed, GatherHasher, LayerRows,
+    OpenBlock, Plan,
+};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody, EntryHead};
 use crate::error::ReadError;
@@ -314,33 +317,17 @@ fn read_all<'s>(
     let mut waited = Duration::ZERO;
     let mut reading = Duration::ZERO;
     let mut staging = 0;
-    let open = |i: usize| {
-        let key = &body.blocks[i].0;
-        let f = open_blob(inner, BlobKind::KvBlock, key);
-        if let Ok(f) = &f {
-            f.will_need();
-        }
-        f
-    };
-    let mut next = Some(open(0));
-    for (i, mut rows) in direct.into_iter().enumerate() {
-        let key = body.blocks[i].0;
+    let blocks = open_in_turn(inner, body, plan, 0..plan.nblocks);
+    for (opened, mut rows) in blocks.zip(direct) {
+        let OpenBlock {
+            block,
+            key,
+            file,
+            head,
+            sum,
+        } = opened?;
         let blob = |e| (e, Some((BlobKind::KvBlock, key)));
-        let file = next.take().expect("opened ahead").map_err(blob)?;
-        // The kernel reads the next block ahead while this one streams.
-        if i + 1 < plan.nblocks {
-            next = Some(open(i + 1));
-        }
-        let n = plan.stored(i);
-        let layer_bytes = 2 * n * plan.row_bytes;
-        let (head, sum) = check_header(
-            file.as_ref(),
-            &key,
-            plan.descriptor(i),
-            n * plan.g.bytes_per_token() as usize,
-        )
-        .map_err(blob)?;
-        let head = Box::new(head);
+        let layer_bytes = 2 * plan.stored(block) * plan.row_bytes;
         if tx.send(Ok(Piece::Header { head, sum })).is_err() {
             return Ok(());
         }

@@ -22,9 +22,11 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::blob::{blob_name, check_header, open_blob};
+use super::blob::blob_name;
 use super::inner::Inner;
-use super::rows::{io, read_pieces, BlocksRead, Failed, GatherHasher, Plan};
+use super::rows::{
+    io, open_in_turn, read_pieces, BlocksRead, Failed, GatherHasher, OpenBlock, Plan,
+};
 use crate::codec::blob::{CHECKSUM_AT, HEADER_LEN};
 use crate::codec::{BlobKind, EntryBody};
 use crate::error::ReadError;
@@ -288,27 +290,16 @@ fn read_all(
     free: mpsc::Receiver<Buffer>,
 ) -> Result<(), Failed> {
     let (mut waited, mut reading) = (Duration::ZERO, Duration::ZERO);
-    let open = |i: usize| {
-        let f = open_blob(inner, BlobKind::KvBlock, &body.blocks[i].0);
-        if let Ok(f) = &f {
-            f.will_need();
-        }
-        f
-    };
-    let mut ahead = blocks.clone().skip(1);
-    let mut next = blocks.clone().next().map(open);
-    for block in blocks {
-        let key = body.blocks[block].0;
+    for opened in open_in_turn(inner, body, plan, blocks) {
+        let OpenBlock {
+            block,
+            key,
+            file,
+            head,
+            sum,
+        } = opened?;
         let blob = |e| (e, Some((BlobKind::KvBlock, key)));
-        let file = next.take().expect("opened ahead").map_err(blob)?;
-        // The kernel reads this reader's next block ahead while this one streams.
-        next = ahead.next().map(open);
-        let n = plan.stored(block);
-        let layer_bytes = 2 * n * plan.row_bytes;
-        let bytes = n * plan.g.bytes_per_token() as usize;
-        let (head, sum) =
-            check_header(file.as_ref(), &key, plan.descriptor(block), bytes).map_err(blob)?;
-        let head = Box::new(head);
+        let layer_bytes = 2 * plan.stored(block) * plan.row_bytes;
         if tx.send(Ok(Read::Header { block, head, sum })).is_err() {
             return Ok(());
         }

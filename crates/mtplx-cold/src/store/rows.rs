@@ -5,7 +5,10 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::codec::{BlobKind, Descriptor, EntryHead};
+use super::blob::{check_header, open_blob};
+use super::inner::Inner;
+use crate::codec::blob::HEADER_LEN;
+use crate::codec::{BlobKind, Descriptor, EntryBody, EntryHead};
 use crate::error::ReadError;
 use crate::index::ReadPath;
 use crate::key::{blocks_for, BLOCK_TOKENS};
@@ -203,6 +206,52 @@ pub(super) fn read_into(
 ) -> std::io::Result<()> {
     let mut parts: Vec<&mut [u8]> = rows.iter_mut().flat_map(LayerRows::file_order).collect();
     file.read_vectored_at(offset, &mut parts)
+}
+
+/// A block of the entry, opened, its header checked against the manifest (its checksum not
+/// yet: that needs the payload).
+pub(super) struct OpenBlock {
+    pub(super) block: usize,
+    pub(super) key: [u8; 32],
+    pub(super) file: Box<dyn StorageFile>,
+    pub(super) head: Box<[u8; HEADER_LEN]>,
+    pub(super) sum: [u8; 32],
+}
+
+/// Opens `blocks` of the entry in turn, for a reader that streams each: a block's successor
+/// is opened (and the kernel asked to read it ahead) before the block's own header is
+/// checked. Stop at the first error.
+pub(super) fn open_in_turn<'a>(
+    inner: &'a Inner,
+    body: &'a EntryBody,
+    plan: &'a Plan,
+    blocks: impl Iterator<Item = usize> + Clone + 'a,
+) -> impl Iterator<Item = Result<OpenBlock, Failed>> + 'a {
+    let open = move |i: usize| {
+        let f = open_blob(inner, BlobKind::KvBlock, &body.blocks[i].0);
+        if let Ok(f) = &f {
+            f.will_need();
+        }
+        f
+    };
+    let mut ahead = blocks.clone().skip(1);
+    let mut next = blocks.clone().next().map(open);
+    blocks.map(move |block| {
+        let key = body.blocks[block].0;
+        let blob = |e| (e, Some((BlobKind::KvBlock, key)));
+        let file = next.take().expect("opened ahead").map_err(blob)?;
+        next = ahead.next().map(open);
+        let bytes = plan.stored(block) * plan.g.bytes_per_token() as usize;
+        let (head, sum) =
+            check_header(file.as_ref(), &key, plan.descriptor(block), bytes).map_err(blob)?;
+        Ok(OpenBlock {
+            block,
+            key,
+            file,
+            head: Box::new(head),
+            sum,
+        })
+    })
 }
 
 /// Bytes of an extent one pool thread reads (staged and lent paths).
