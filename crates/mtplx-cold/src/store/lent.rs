@@ -53,14 +53,17 @@ const HASHERS: usize = 6;
 
 type Buffer = Box<dyn StagingBuffer>;
 
+/// Block `block`'s header, already checked against the manifest, and its stored checksum,
+/// not yet checked: from a reader to the calling thread, then on to the block's hasher.
+struct Header {
+    block: usize,
+    head: Box<[u8; HEADER_LEN]>,
+    sum: [u8; 32],
+}
+
 /// What a reader sends the calling thread, in file order of its blocks.
 enum Read {
-    /// Block `block`'s header, already checked against the manifest; its checksum is not.
-    Header {
-        block: usize,
-        head: Box<[u8; HEADER_LEN]>,
-        sum: [u8; 32],
-    },
+    Header(Header),
     /// Layers `layers` of block `block`, in the buffer's first `len` bytes.
     Extent {
         block: usize,
@@ -79,11 +82,7 @@ enum Read {
 
 /// What a hasher is given, in file order for its blocks.
 enum Hash {
-    Header {
-        block: usize,
-        head: Box<[u8; HEADER_LEN]>,
-        sum: [u8; 32],
-    },
+    Header(Header),
     /// `home`: the reader the buffer goes back to.
     Extent {
         len: usize,
@@ -158,13 +157,9 @@ pub(super) fn read_lent(
             let home = block % readers;
             loop {
                 match recv(home, &mut out)? {
-                    Read::Header {
-                        block: b,
-                        head,
-                        sum,
-                    } => {
-                        debug_assert_eq!(b, block, "a reader's blocks come in order");
-                        let _ = to_hash[block % hashers].send(Hash::Header { block, head, sum });
+                    Read::Header(header) => {
+                        debug_assert_eq!(header.block, block, "a reader's blocks come in order");
+                        let _ = to_hash[block % hashers].send(Hash::Header(header));
                     }
                     Read::Extent {
                         block: b,
@@ -251,14 +246,10 @@ fn hash_blocks(
     for w in work {
         let t = Instant::now();
         match w {
-            Hash::Header {
-                block: b,
-                head,
-                sum: s,
-            } => {
+            Hash::Header(h) => {
                 hasher.reset();
-                hasher.update(&head[..CHECKSUM_AT]);
-                (block, sum, busy) = (b, s, Duration::ZERO);
+                hasher.update(&h.head[..CHECKSUM_AT]);
+                (block, sum, busy) = (h.block, h.sum, Duration::ZERO);
             }
             Hash::Extent {
                 len,
@@ -300,7 +291,10 @@ fn read_all(
         } = opened?;
         let blob = |e| (e, Some((BlobKind::KvBlock, key)));
         let layer_bytes = 2 * plan.stored(block) * plan.row_bytes;
-        if tx.send(Ok(Read::Header { block, head, sum })).is_err() {
+        if tx
+            .send(Ok(Read::Header(Header { block, head, sum })))
+            .is_err()
+        {
             return Ok(());
         }
         for layers in plan.extents() {
