@@ -123,6 +123,9 @@ fn the_kernels_compile() {
                 "qkv_post_h",
                 "attend_h",
                 "silu_mul",
+                "matvec1_4",
+                "matvec1n_4",
+                "matvec1s_4",
             ] {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),

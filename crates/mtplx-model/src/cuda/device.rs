@@ -2,17 +2,17 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{
-    CUdevice_attribute, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
-};
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use mtplx_kv::KvDtype;
 
 pub(crate) use super::fault::device_error;
+use super::fused::FusedKernels;
+use super::graph::Graph;
 use super::lent::{Lent, LentPool};
 use super::matrix::{DeviceMatrix, Upload};
 use super::q8::{Q8Kernels, RoundedX};
@@ -26,6 +26,7 @@ use crate::error::{ModelError, Result};
 use crate::kernels::Activations;
 
 pub(super) mod attention;
+pub(super) mod before;
 mod rounded;
 
 struct Kernels {
@@ -43,6 +44,8 @@ struct Kernels {
     shape: LaunchShape,
     /// The products with 8-bit activations (none in an older source).
     q8: Option<Q8Kernels>,
+    /// The decode step's products that norm or `silu_mul` their x themselves.
+    fused: Option<FusedKernels>,
     silu_mul: CudaFunction,
     /// `rms_norm` and `silu_mul` of a decode step's row that also round it for the 8-bit
     /// products that read x rounded (none in an older source).
@@ -96,6 +99,9 @@ pub struct CudaDevice {
     staging: std::sync::Mutex<Option<Staging>>,
     /// Page-locked buffers lent to restores, kept between them.
     lent: LentPool,
+    /// Whether captured passes chain their kernels by programmatic launch (sm_90 and
+    /// later, unless `MTPLX_CUDA_PDL=0`; see `graph.rs`).
+    programmatic: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -124,7 +130,12 @@ impl CudaDevice {
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
         let source = source()?;
         let shape = LaunchShape::of(&source)?;
-        let ptx = Ptx::from_src(compile_source(&source, arch)?);
+        let ptx_text = compile_source(&source, arch)?;
+        // Programmatic launch only where every kernel waits for the one before it.
+        let programmatic = major >= 9
+            && super::switches::switched_on("MTPLX_CUDA_PDL")
+            && super::graph::every_kernel_waits(&ptx_text);
+        let ptx = Ptx::from_src(ptx_text);
         let module = ctx
             .load_module(ptx)
             .map_err(|e| device_error("load the kernels", e))?;
@@ -166,6 +177,7 @@ impl CudaDevice {
             shared_limit: shared_limit as usize,
             shape,
             q8,
+            fused: FusedKernels::load(&module, shared_limit)?,
             silu_mul: f("silu_mul")?,
             rms_norm_q8: module.load_function("rms_norm_q8").ok(),
             silu_mul_q8: module.load_function("silu_mul_q8").ok(),
@@ -234,6 +246,7 @@ impl CudaDevice {
             host_ops: std::sync::Mutex::new(()),
             staging: std::sync::Mutex::new(None),
             lent: LentPool::new(&ctx),
+            programmatic,
         }))
     }
 
@@ -694,27 +707,21 @@ impl CudaDevice {
     ///
     /// The stream must not be used from another thread meanwhile (whatever it queued would
     /// be recorded too): see [`CudaModel`](super::CudaModel)'s threading rule.
-    pub(crate) fn capture(&self, body: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+    pub(crate) fn capture(&self, body: impl FnOnce() -> Result<()>) -> Result<Graph> {
         let _host = self.host_ops();
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| device_error("begin a graph capture", e))?;
         // End the capture even if `body` panics, or the stream stays unusable.
         let queued = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-        let graph = self
-            .stream
-            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        let graph = Graph::end_capture(&self.stream, self.programmatic);
         let queued = queued.unwrap_or_else(|p| std::panic::resume_unwind(p));
         queued?;
-        graph
-            .map_err(|e| device_error("instantiate a graph", e))?
-            .ok_or_else(|| ModelError::Device("the graph capture recorded nothing".into()))
+        graph?.ok_or_else(|| ModelError::Device("the graph capture recorded nothing".into()))
     }
 
-    pub(crate) fn replay(&self, graph: &CudaGraph) -> Result<()> {
-        graph
-            .launch()
-            .map_err(|e| device_error("launch a graph", e))
+    pub(crate) fn replay(&self, graph: &Graph) -> Result<()> {
+        graph.launch()
     }
 }
 

@@ -51,6 +51,24 @@ __device__ float block_max(float v, float* red) {
 //          start after position 0)
 //   kv   = [K of layer 0, V of layer 0, K of layer 1, ...] (device addresses)
 
+// Programmatic dependent launch (sm_90 and later): in a captured pass whose edges from one
+// kernel to the next are programmatic (`cuda/graph.rs`), a kernel's blocks may start while
+// the kernel before it is finishing. Every kernel first lets the next one start
+// (GRID_LAUNCH_NEXT) and then waits (GRID_WAIT) for the one before it to have finished and
+// its writes to be seen, before it reads or writes anything a kernel writes; only the
+// weights, which no kernel writes, may be asked for before (matvec1_body). Outside such a
+// pass, and before sm_90, both are nothing: the stream's order holds as it always did.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_LAUNCH_NEXT() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define GRID_LAUNCH_NEXT()
+#define GRID_WAIT()
+#endif
+#define GRID_ORDER() \
+    GRID_LAUNCH_NEXT(); \
+    GRID_WAIT()
+
 // ---- Weights in their file's own blocks ----
 //
 // A weight row is `in` values stored as the GGUF file stores them; `fmt` names the format
@@ -324,6 +342,7 @@ __device__ __forceinline__ void chunk_values(int fmt, const u8* __restrict__ row
 // file's format); one block per row, threads over the row's chunks.
 extern "C" __global__ void embed(const unsigned* meta, const u8* table, int fmt,
                                  long long row_bytes, float* out, int h) {
+    GRID_ORDER();
     int r = blockIdx.x;
     const u8* src = table + (long long)meta[2 + r] * row_bytes;
     float w[32];
@@ -370,6 +389,7 @@ __device__ __forceinline__ void rms_norm_body(const float* x, const float* w, fl
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d,
                                     float eps) {
+    GRID_ORDER();
     rms_norm_body(x, w, out, d, eps);
 }
 
@@ -497,6 +517,7 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ W, long long 
                                           const float* bias, float* y, int n, int in,        \
                                           int rows, int y_stride, int y_off,                 \
                                           int accumulate) {                                  \
+        GRID_ORDER();                                                                        \
         matvec_body<F>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off, accumulate);  \
     }
 MATVEC(0)
@@ -521,18 +542,71 @@ MATVEC(10)
 // registers across rows and no row block, it needs few registers, so more warps fit on a
 // multiprocessor to keep loads in flight. Dynamic shared memory: 36 · in / 32 floats.
 // `MATVEC1_OUTS` in source.rs sizes the launches by OUTS1.
+//
+// A decode step's product may also make its x from the row before it, inside the block
+// (each block again: for rows of a few thousand values that costs less than a launch of its
+// own, which is most of a small model's step): PRE_NORM, `rms_norm` of x with weights nw
+// (the same floats as `rms_norm`'s launch of NORM_THREADS threads: threads t < NORM_THREADS
+// sum the squares of values t, t + NORM_THREADS, ... in that order, the others add zeros to
+// the block's fixed tree); PRE_SILU, `silu_mul` of the row [gate | up] of 2 · in values
+// at x (the same expression). The values land where the copy of x would have.
 #define OUTS1 1
 // Warps of a matvec1 block (its launch bounds; `MATVEC1_WARPS` in source.rs).
 #define MATVEC1_WARPS 16
-template <int FMT>
+#define PRE_COPY 0
+#define PRE_NORM 1
+#define PRE_SILU 2
+// Threads of an `rms_norm` launch (`ROW_THREADS` in source.rs).
+#define NORM_THREADS 256
+template <int FMT, int PRE>
 __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long row_bytes,
                                              const float* __restrict__ x,
                                              const float* __restrict__ bias, float* y, int in,
-                                             int rows, int y_off, int accumulate) {
+                                             int rows, int y_off, int accumulate,
+                                             const float* __restrict__ nw, float eps) {
+    GRID_LAUNCH_NEXT();
     extern __shared__ float4 xs[];
     int chunks = in >> 5;
     const float4* x4 = reinterpret_cast<const float4*>(x);
-    for (int i = threadIdx.x; i < 8 * chunks; i += blockDim.x) xs[(i >> 3) * (XSTRIDE / 4) + (i & 7)] = x4[i];
+    // The warp's rows of W asked for first, a line a lane: their trip from device memory
+    // overlaps x's (and the norm's) instead of following it. A small model's products are
+    // a few hundred bytes a warp, so their time is mostly these two waits.
+    {
+        int w0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS1;
+        int lane = threadIdx.x & 31;
+        long long span = (long long)min(OUTS1, max(rows - w0, 0)) * row_bytes;
+        const u8* first = W + (long long)w0 * row_bytes;
+        // From the line the rows start in to the one they end in.
+        const u8* line = reinterpret_cast<const u8*>(reinterpret_cast<unsigned long long>(first) & ~127ULL);
+        for (const u8* p = line + 128 * lane; span > 0 && p < first + span; p += 32 * 128)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
+    GRID_WAIT();
+    if (PRE == PRE_NORM) {
+        // The norm's 32 floats of reduction follow x's chunks (no static shared memory:
+        // the dynamic size is raised to the device's limit at load).
+        float* red = reinterpret_cast<float*>(xs + chunks * (XSTRIDE / 4));
+        float s = 0.0f;
+        if (threadIdx.x < NORM_THREADS)
+            for (int j = threadIdx.x; j < in; j += NORM_THREADS) s = __fmaf_rn(x[j], x[j], s);
+        float inv = 1.0f / sqrtf(block_sum(s, red) / (float)in + eps);
+        const float4* w4 = reinterpret_cast<const float4*>(nw);
+        for (int i = threadIdx.x; i < 8 * chunks; i += blockDim.x) {
+            float4 a = x4[i], b = w4[i];
+            xs[(i >> 3) * (XSTRIDE / 4) + (i & 7)] =
+                make_float4(a.x * inv * b.x, a.y * inv * b.y, a.z * inv * b.z, a.w * inv * b.w);
+        }
+    } else if (PRE == PRE_SILU) {
+        const float4* u4 = x4 + 8 * chunks;
+        for (int i = threadIdx.x; i < 8 * chunks; i += blockDim.x) {
+            float4 g = x4[i], u = u4[i];
+            xs[(i >> 3) * (XSTRIDE / 4) + (i & 7)] = make_float4(
+                g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
+                g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < 8 * chunks; i += blockDim.x) xs[(i >> 3) * (XSTRIDE / 4) + (i & 7)] = x4[i];
+    }
     __syncthreads();
     int o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS1;
     int lane = threadIdx.x & 31;
@@ -564,11 +638,26 @@ __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long
     }
 }
 
+// matvec1_F copies x; matvec1n_F norms it (weights nw, eps); matvec1s_F takes silu_mul of
+// the [gate | up] row at x.
 #define MATVEC1(F)                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * MATVEC1_WARPS) matvec1_##F(           \
         const u8* W, long long row_bytes, const float* x, const float* bias, float* y,       \
         int in, int rows, int y_off, int accumulate) {                                       \
-        matvec1_body<F>(W, row_bytes, x, bias, y, in, rows, y_off, accumulate);              \
+        matvec1_body<F, PRE_COPY>(W, row_bytes, x, bias, y, in, rows, y_off, accumulate,     \
+                                  nullptr, 0.0f);                                            \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MATVEC1_WARPS) matvec1n_##F(          \
+        const u8* W, long long row_bytes, const float* x, const float* bias, float* y,       \
+        int in, int rows, int y_off, int accumulate, const float* nw, float eps) {           \
+        matvec1_body<F, PRE_NORM>(W, row_bytes, x, bias, y, in, rows, y_off, accumulate, nw, \
+                                  eps);                                                      \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MATVEC1_WARPS) matvec1s_##F(          \
+        const u8* W, long long row_bytes, const float* x, const float* bias, float* y,       \
+        int in, int rows, int y_off, int accumulate) {                                       \
+        matvec1_body<F, PRE_SILU>(W, row_bytes, x, bias, y, in, rows, y_off, accumulate,     \
+                                  nullptr, 0.0f);                                            \
     }
 MATVEC1(0)
 MATVEC1(1)
@@ -858,6 +947,7 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ W, long lo
     extern "C" __global__ void __launch_bounds__(32 * QWARPS) NAME##_##F(                    \
         const u8* W, long long row_bytes, const float* x, const float* bias, float* y, int n, \
         int in, int rows, int y_stride, int y_off, int accumulate) {                         \
+        GRID_ORDER();                                                                        \
         matvec_q8_body<F, NR, ROUNDED>(W, row_bytes, x, bias, y, n, in, rows, y_stride,      \
                                        y_off, accumulate);                                   \
     }
@@ -914,6 +1004,7 @@ MATVEC_Q8(10)
 // above): one warp a block of 256 values.
 extern "C" __global__ void q8_round_rows(const float* __restrict__ x, int n, int in,
                                          signed char* __restrict__ out) {
+    GRID_ORDER();
     int nb = in >> 8, lane = threadIdx.x & 31;
     int t = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     // The same for every lane of a warp: a warp rounds together or returns together.
@@ -935,6 +1026,7 @@ extern "C" __global__ void q8_round_rows(const float* __restrict__ x, int n, int
 // wrote them).
 extern "C" __global__ void rms_norm_q8(const float* x, const float* w, float* out, int d,
                                        float eps, signed char* rq) {
+    GRID_ORDER();
     rms_norm_body(x, w, out, d, eps);
     __syncthreads();
     int nb = d >> 8, warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -952,6 +1044,7 @@ extern "C" __global__ void rms_norm_q8(const float* x, const float* w, float* ou
 // into rq as `q8_round_rows` rounds one row: warp b computes values 256 b .. 256 b + 255
 // (lane l: 8 l .. 8 l + 7, each as silu_mul computes it) and rounds them.
 extern "C" __global__ void silu_mul_q8(const float* gu, float* out, int width, signed char* rq) {
+    GRID_ORDER();
     int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (b >= (width >> 8)) return;
     int i0 = 256 * b + 8 * lane;
@@ -1239,6 +1332,7 @@ __device__ __forceinline__ void mmq_body(const u8* __restrict__ W, long long row
     extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS, BLOCKS) mmq_##F(          \
         const u8* W, long long row_bytes, const signed char* x, const float* bias, float* y, \
         int n, int in, int rows, int y_stride, int y_off, int accumulate) {                  \
+        GRID_ORDER();                                                                        \
         mmq_body<F>(W, row_bytes, x, bias, y, n, in, rows, y_stride, y_off, accumulate);     \
     }
 MMQ(8, 2)
@@ -1341,8 +1435,12 @@ __device__ __forceinline__ void qkv_post_rows(const float* qkv, float* q_out,
         const float *cos_t, const float *sin_t, int qh, int kvh, int hd,                    \
         const unsigned *meta, int interleaved, const float *qn, const float *kn, float eps
 #define QKV_POST_CALL qkv, q_out, kv, layer, cos_t, sin_t, qh, kvh, hd, meta, interleaved, qn, kn, eps
-extern "C" __global__ void qkv_post(QKV_POST_ARGS) { qkv_post_rows<float>(QKV_POST_CALL); }
+extern "C" __global__ void qkv_post(QKV_POST_ARGS) {
+    GRID_ORDER();
+    qkv_post_rows<float>(QKV_POST_CALL);
+}
 extern "C" __global__ void qkv_post_h(QKV_POST_ARGS) {
+    GRID_ORDER();
     qkv_post_rows<unsigned short>(QKV_POST_CALL);
 }
 
@@ -1594,6 +1692,7 @@ __device__ float group_max(float v, float* red, int group) {
 extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) attend_tile_h(
     const float* q, const unsigned long long* kv, int layer, float* part, int* done, float* out,
     int qh, int kvh, int hd, const unsigned* meta, float scale, int r0, int parts, int nrows) {
+    GRID_ORDER();
     typedef unsigned short KV;
     extern __shared__ int4 tile_sh[];
     const KV* kc = (const KV*)kv[2 * layer];
@@ -2171,6 +2270,7 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
         const float* q, const unsigned long long* kv, int layer, float* part, int* done,     \
         float* out, int qh, int kvh, const unsigned* meta, float scale, int r0, int parts,   \
         int nrows) {                                                                         \
+        GRID_ORDER();                                                                        \
         attend_mma_body<HD, false>(q, kv, layer, part, done, out, qh, kvh, meta, scale, r0,  \
                                    parts, nrows);                                            \
     }                                                                                        \
@@ -2178,6 +2278,7 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
         const float* q, const unsigned long long* kv, int layer, float* part, int* done,     \
         float* out, int qh, int kvh, const unsigned* meta, float scale, int r0, int parts,   \
         int nrows) {                                                                         \
+        GRID_ORDER();                                                                        \
         attend_mma_body<HD, true>(q, kv, layer, part, done, out, qh, kvh, meta, scale, r0,   \
                                   parts, nrows);                                             \
     }
@@ -2190,11 +2291,18 @@ ATTEND_MMA(128)
         float *out, int qh, int kvh, int hd, const unsigned *meta, float scale, int r0,     \
         int parts
 #define ATTEND_CALL q, kv, layer, part, done, out, qh, kvh, hd, meta, scale, r0, parts
-extern "C" __global__ void attend(ATTEND_ARGS) { attend_part<float>(ATTEND_CALL); }
-extern "C" __global__ void attend_h(ATTEND_ARGS) { attend_part<unsigned short>(ATTEND_CALL); }
+extern "C" __global__ void attend(ATTEND_ARGS) {
+    GRID_ORDER();
+    attend_part<float>(ATTEND_CALL);
+}
+extern "C" __global__ void attend_h(ATTEND_ARGS) {
+    GRID_ORDER();
+    attend_part<unsigned short>(ATTEND_CALL);
+}
 
 // out[r, i] = silu(gu[r, i]) * gu[r, width + i] for rows of [gate | up].
 extern "C" __global__ void silu_mul(const float* gu, float* out, int width, int total) {
+    GRID_ORDER();
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= total) return;
     int r = t / width, i = t % width;

@@ -18,6 +18,8 @@
 mod cache;
 mod device;
 mod fault;
+mod fused;
+mod graph;
 mod lent;
 mod matrix;
 mod model;

@@ -4,12 +4,14 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::{CudaGraph, CudaSlice};
+use cudarc::driver::CudaSlice;
 use mtplx_kv::{KvDtype, KvView};
 
 use super::cache::CudaKvCache;
 use super::device::attention::AttendIn;
+use super::device::before::Before;
 use super::device::{AttendParts, CudaDevice, DeviceRope};
+use super::graph::Graph;
 use super::matrix::DeviceMatrix;
 
 use crate::config::ModelConfig;
@@ -160,14 +162,6 @@ impl Scratch {
     }
 }
 
-/// A captured pass.
-pub(super) struct Graph(CudaGraph);
-
-// SAFETY: CUDA graphs may be launched and destroyed from any thread, one thread at a time
-// (the driver's graph thread-safety rules); every `Graph` lives in the model's scratch,
-// behind its mutex.
-unsafe impl Send for Graph {}
-
 /// Row counts whose passes are captured as graphs and replayed (decode steps and verify
 /// blocks); longer blocks (prefill chunks) launch kernel by kernel.
 pub(super) const GRAPH_ROWS: usize = 8;
@@ -187,12 +181,12 @@ pub(super) fn run_pass(
         return launch(s);
     }
     if let Some(g) = s.graphs.get(&n) {
-        return dev.replay(&g.0);
+        return dev.replay(g);
     }
     match dev.capture(|| launch(s)) {
         Ok(g) => {
             dev.replay(&g)?;
-            s.graphs.insert(n, Graph(g));
+            s.graphs.insert(n, g);
             Ok(())
         }
         Err(e) => {
@@ -224,17 +218,18 @@ pub(super) fn launch_layer(
     // (where the device takes the kernels that read it so: not with
     // MTPLX_CUDA_DECODE_ROUNDED=0).
     let rounds = |w| n == 1 && dev.rounds_row_for(w);
-    let r = rounds(&l.qkv);
-    let rq = r.then_some(&mut s.rounded);
-    dev.rms_norm_rounding(&s.x, &l.attn_norm, &mut s.normed, n, h, eps, rq)?;
-    dev.matvec_from(
-        &l.qkv,
-        &s.normed,
-        r.then_some(&s.rounded),
-        &mut s.qkv,
-        n,
-        false,
-    )?;
+    // A decode step's products over narrow rows norm (or silu_mul) their x themselves
+    // (`matvec_after`, the same bits): three launches fewer a layer.
+    if dev.fuses_before(&l.qkv, n) {
+        let before = Before::Norm(&l.attn_norm, eps);
+        dev.matvec_after(&l.qkv, before, &s.x, &mut s.qkv, false)?;
+    } else {
+        let r = rounds(&l.qkv);
+        let rq = r.then_some(&mut s.rounded);
+        dev.rms_norm_rounding(&s.x, &l.attn_norm, &mut s.normed, n, h, eps, rq)?;
+        let rq = r.then_some(&s.rounded);
+        dev.matvec_from(&l.qkv, &s.normed, rq, &mut s.qkv, n, false)?;
+    }
     dev.qkv_post(
         &s.qkv,
         &mut s.q,
@@ -261,24 +256,21 @@ pub(super) fn launch_layer(
     };
     dev.attend(&a, &mut s.attn_parts, &mut s.attn)?;
     dev.matvec(&l.o, &s.attn, &mut s.x, n, true)?;
-    let r = rounds(&l.gate_up);
-    let rq = r.then_some(&mut s.rounded);
-    dev.rms_norm_rounding(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps, rq)?;
-    dev.matvec_from(
-        &l.gate_up,
-        &s.normed,
-        r.then_some(&s.rounded),
-        &mut s.gate_up,
-        n,
-        false,
-    )?;
+    if dev.fuses_before(&l.gate_up, n) {
+        let before = Before::Norm(&l.ffn_norm, eps);
+        dev.matvec_after(&l.gate_up, before, &s.x, &mut s.gate_up, false)?;
+    } else {
+        let r = rounds(&l.gate_up);
+        let rq = r.then_some(&mut s.rounded);
+        dev.rms_norm_rounding(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps, rq)?;
+        let rq = r.then_some(&s.rounded);
+        dev.matvec_from(&l.gate_up, &s.normed, rq, &mut s.gate_up, n, false)?;
+    }
+    if dev.fuses_before(&l.down, n) {
+        return dev.matvec_after(&l.down, Before::SiluMul, &s.gate_up, &mut s.x, true);
+    }
     let (r, width) = (rounds(&l.down), c.intermediate_size);
-    dev.silu_mul_rounding(
-        &s.gate_up,
-        &mut s.act,
-        n,
-        width,
-        r.then_some(&mut s.rounded),
-    )?;
+    let rq = r.then_some(&mut s.rounded);
+    dev.silu_mul_rounding(&s.gate_up, &mut s.act, n, width, rq)?;
     dev.matvec_from(&l.down, &s.act, r.then_some(&s.rounded), &mut s.x, n, true)
 }
