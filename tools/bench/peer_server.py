@@ -3,11 +3,13 @@
 
     peer_server.py MTPLX_SERVE LLAMA_SERVER MODEL.gguf [--threads 2] [--contexts 500,2000,6500]
                    [--rounds 3] [--gen 64] [--work DIR] [--mtplx-args '...'] [--llama-args '...']
-                   [--engine '["xtask", "peer", "--mtplx-only", ...]']
+                   [--engine '["xtask", "peer", "--mtplx-only", ...]'] [--client sdk|http]
 
 Both servers run one at a time on the same machine (never both at once), each with
 `--threads` compute threads and an 8,192-token window. For each context length the client
-(the `openai` SDK, streaming `/v1/chat/completions`, temperature 0) sends `--rounds` fresh
+(the `openai` SDK, or with `--client http` a plain HTTP client that reads the stream's lines
+and parses each chunk's JSON, nothing more; streaming `/v1/chat/completions`, temperature 0)
+sends `--rounds` fresh
 prompts (no prefix is shared between rounds, and llama.cpp is asked not to reuse its cache:
 `cache_prompt: false`; mtplx decodes plainly: `generation_mode: "ar"`) and records time to
 the first token (the prefill) and the decode rate after it (streamed chunks over time). The
@@ -25,7 +27,8 @@ import subprocess
 import sys
 import time
 
-from openai import OpenAI
+import http.client
+import urllib.parse
 
 
 def prompt(tokens, seed):
@@ -58,7 +61,56 @@ def wait_ready(proc, url, log, timeout=600):
     raise SystemExit(f"server not ready after {timeout}s")
 
 
+class HttpClient:
+    """The lightest client of a streaming chat completion: one connection a request, the
+    response's lines read as they arrive, each `data:` chunk's JSON parsed."""
+
+    def __init__(self, base_url):
+        u = urllib.parse.urlsplit(base_url)
+        self.host, self.port = u.hostname, u.port
+
+
+def run_one_http(client, model, text, gen, extra):
+    body = json.dumps({
+        "model": model,
+        "messages": [{"role": "user", "content": text + "\nSummarise the warnings."}],
+        "max_tokens": gen, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}, **extra,
+    })
+    t0 = time.time()
+    conn = http.client.HTTPConnection(client.host, client.port, timeout=1200)
+    conn.request("POST", "/v1/chat/completions", body,
+                 {"Content-Type": "application/json", "Authorization": "Bearer x"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise SystemExit(f"HTTP {resp.status}: {resp.read()[:500]!r}")
+    first, chunks, usage = None, 0, None
+    for line in resp:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        ch = json.loads(data)
+        if ch.get("usage"):
+            usage = ch["usage"]
+        choices = ch.get("choices") or []
+        if choices and (choices[0].get("delta") or {}).get("content"):
+            if first is None:
+                first = time.time()
+            chunks += 1
+    end = time.time()
+    conn.close()
+    completion = usage["completion_tokens"] if usage else chunks
+    prompt_tokens = usage["prompt_tokens"] if usage else None
+    decode = (completion - 1) / (end - first) if first and completion > 1 and end > first else None
+    return {"ttft": (first or end) - t0, "decode": decode, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion}
+
+
 def run_one(client, model, text, gen, extra):
+    if isinstance(client, HttpClient):
+        return run_one_http(client, model, text, gen, extra)
     t0 = time.time()
     first = None
     chunks = 0
@@ -103,7 +155,12 @@ def bench(name, cmd, env, url, extra, args):
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     try:
         model = wait_ready(proc, url, log)
-        client = OpenAI(base_url=url + "/v1", api_key="x", timeout=1200)
+        if args.client == "http":
+            client = HttpClient(url)
+        else:
+            from openai import OpenAI
+
+            client = OpenAI(base_url=url + "/v1", api_key="x", timeout=1200)
         run_one(client, model, prompt(64, 999), 8, extra)  # warm-up
         out = {}
         for ctx in args.contexts:
@@ -142,6 +199,8 @@ def main():
     ap.add_argument("--engine", default="",
                     help="mtplx's engine measurement, a JSON argv taking `--depths N`, run after "
                          "the mtplx server's rounds at each context")
+    ap.add_argument("--client", choices=["sdk", "http"], default="sdk",
+                    help="the openai SDK, or a plain HTTP client (the lightest on the CPU)")
     args = ap.parse_args()
     args.engine_rows = {}
     args.contexts = [int(c) for c in args.contexts.split(",")]
@@ -170,6 +229,7 @@ def main():
         print(f"{ctx:>8} {a[0]['prompt_tokens']!s:>7} | {ta:>9.2f}s {tb:>9.2f}s {tb / ta:>5.2f}x | "
               f"{da:>8.1f} t/s {db:>6.1f} t/s {da / db:>5.2f}x")
     json.dump({"model": args.model, "threads": args.threads, "rounds": args.rounds, "gen": args.gen,
+               "client": args.client,
                "mtplx_args": args.mtplx_args, "llama_args": args.llama_args,
                "table": table, "mtplx": mtplx, "llama": llama},
               open(os.path.join(args.work, "peer_server.json"), "w"), indent=1)

@@ -64,9 +64,31 @@ pub struct PeerArgs {
     /// `--server` measures the engine in the server's own default, paged.
     #[arg(long, value_enum, default_value = "contiguous")]
     pub kv_layout: EngineLayout,
+    /// The client of the server comparison: `sdk`, the `openai` SDK (what most agents
+    /// use), or `http`, a plain HTTP client that reads the stream's lines and parses each
+    /// chunk's JSON and nothing more (on a machine with as many cores as compute threads,
+    /// the client's own CPU slows whichever server it reads).
+    #[arg(long, value_enum, default_value = "sdk")]
+    pub client: Client,
     /// Measure mtplx only and print one JSON line (what the peer step runs in release).
     #[arg(long, hide = true)]
     pub mtplx_only: bool,
+}
+
+/// The client of `--server` (`--client`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    Sdk,
+    Http,
+}
+
+impl Client {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Client::Sdk => "sdk",
+            Client::Http => "http",
+        }
+    }
 }
 
 /// A host K/V layout for the engine measurement (`--kv-layout`).
@@ -100,6 +122,7 @@ impl Default for PeerArgs {
             contexts: vec![500, 2000, 4000, 6500],
             kv_dtype: mtplx_kv::KvDtype::F16,
             kv_layout: EngineLayout::Contiguous,
+            client: Client::Sdk,
             mtplx_only: false,
         }
     }

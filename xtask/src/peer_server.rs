@@ -3,7 +3,8 @@
 //!
 //! - Both servers are release builds: `mtplx-serve` from this workspace, `llama-server` from
 //!   the same `llama-cpp-python` sdist as the peer step (`peer.rs`).
-//! - The client is `tools/bench/peer_server.py` (the `openai` SDK, streaming chat
+//! - The client is `tools/bench/peer_server.py` (the `openai` SDK, or with `--client http` a
+//!   plain HTTP client; streaming chat
 //!   completions, temperature 0, a fresh prompt every round, medians of `--reps` rounds); it
 //!   runs one server at a time with `--threads` threads and an 8,192-token window.
 //! - The files: the default model and the Qwen2.5-Coder-0.5B-Instruct Q4_K_M file, both from
@@ -24,7 +25,7 @@ use anyhow::{Context, Result};
 use mtplx_kv::KvDtype;
 use serde_json::{json, Value};
 
-use crate::peer::{ensure_llama, mtplx_command, run_cmd, workspace_root, PeerArgs};
+use crate::peer::{ensure_llama, mtplx_command, run_cmd, workspace_root, Client, PeerArgs};
 
 /// One context length of one file: the medians the client measured and the engine's decode.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,7 +51,9 @@ impl Row {
 pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
     let llama = ensure_llama("llama-server")?;
     let serve = crate::run::build_serve(true, &[])?;
-    ensure_openai()?;
+    if args.client == Client::Sdk {
+        ensure_openai()?;
+    }
     let script = workspace_root().join("tools/bench/peer_server.py");
     let mut sections = Vec::new();
     let mut raw = Vec::new();
@@ -84,6 +87,7 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
                 .args(["--contexts", &contexts.join(",")])
                 .args(["--rounds", &args.reps.to_string()])
                 .args(["--gen", &args.gen.to_string()])
+                .args(["--client", args.client.name()])
                 .arg(format!("--mtplx-args=--kv-dtype {}", args.kv_dtype))
                 .arg(format!("--llama-args={}", llama_cache(args.kv_dtype)))
                 .arg(format!(
@@ -125,7 +129,7 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
     }
     let docs = workspace_root().join("docs/bench");
     std::fs::create_dir_all(docs.join("raw"))?;
-    let name = report_name(args.kv_dtype);
+    let name = report_name(args.kv_dtype, args.client);
     std::fs::write(docs.join(format!("{name}.md")), report(args, &sections))?;
     std::fs::write(
         docs.join(format!("raw/{name}.json")),
@@ -137,10 +141,14 @@ pub fn run(args: &PeerArgs, files: &[PathBuf]) -> Result<()> {
 
 /// The report's file name: `peer-server` with the server's default K/V (f16), else
 /// `peer-server-kv-<type>`.
-fn report_name(kv: KvDtype) -> String {
-    match kv {
+fn report_name(kv: KvDtype, client: Client) -> String {
+    let base = match kv {
         KvDtype::F16 => "peer-server".into(),
         other => format!("peer-server-kv-{other}"),
+    };
+    match client {
+        Client::Sdk => base,
+        Client::Http => format!("{base}-http"),
     }
 }
 
@@ -226,10 +234,10 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
     format!(
         "# mtplx's server against llama.cpp's, one client\n\n\
          Written by `cargo xtask peer --server --threads {} --contexts {} --reps {} --gen {} \
-         --kv-dtype {}` on {date}, commit `{commit}`, {cpu} ({cores} cores). K/V: mtplx \
+         --kv-dtype {} --client {}` on {date}, commit `{commit}`, {cpu} ({cores} cores). K/V: mtplx \
          `{}`, llama.cpp `{}`. Both servers run alone, one \
          after the other, with {} compute threads and an 8,192-token window; the client \
-         (`tools/bench/peer_server.py`, the `openai` SDK) streams `/v1/chat/completions` at \
+         (`tools/bench/peer_server.py`, {}) streams `/v1/chat/completions` at \
          temperature 0 with a fresh prompt every round (`cache_prompt: false` for \
          llama.cpp, `generation_mode: \"ar\"` for mtplx). Prefill is prompt tokens over the \
          time to the first token; decode is streamed tokens over the time after it; medians \
@@ -243,13 +251,18 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
         args.reps,
         args.gen,
         args.kv_dtype,
+        args.client.name(),
         args.kv_dtype,
         match llama_cache(args.kv_dtype).as_str() {
             "" => "f16 (its default)".to_string(),
             flags => flags.to_string(),
         },
         args.threads,
-        report_name(args.kv_dtype),
+        match args.client {
+            Client::Sdk => "the `openai` SDK",
+            Client::Http => "a plain HTTP client that parses each chunk's JSON and nothing more",
+        },
+        report_name(args.kv_dtype, args.client),
         crate::peer::llama_build_note(),
         sections.join("\n"),
     )
