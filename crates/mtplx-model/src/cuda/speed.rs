@@ -202,3 +202,61 @@ fn decode_kernels_at_llama3_8b_sizes() {
         line("silu_mul_q8 1x14336 (+ its rounding)", secs, 14_336 * 12);
     }
 }
+
+/// A speed diagnostic: a prefill chunk's attention against a long cache, one layer of a
+/// Llama-3-8B's shape (32 query heads, 8 KV heads of 128 values, `f16`), the chunk's own
+/// rows the cache's last: the time of one call (its launches of up to `ATTEND_ROWS` rows,
+/// every part and merge) and the rate of useful work it reaches (q · k and p · v for each
+/// key a row sees: 4 · head size flops a key and query head). 165 rows is a returning
+/// turn's new tokens, 512 a prefill chunk. Under a profiler, which replays each kernel
+/// itself: `MTPLX_SPEED_REPLAYS=0 MTPLX_SPEED_PER=1`.
+#[test]
+#[ignore = "a speed diagnostic: prints a prefill chunk's attention time at long contexts"]
+fn prefill_attention_at_long_contexts() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(13);
+    println!("device: {}", dev.name());
+    let (qh, kvh, hd) = (32usize, 8usize, 128usize);
+    for len in [4096usize, 32_768] {
+        let shape = KvShape {
+            layers: 1,
+            kv_heads: kvh,
+            head_dim: hd,
+        };
+        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
+        let row: Vec<f32> = (0..len * kvh * hd).map(|_| rng.unit()).collect();
+        cache.append(0, &row, &row).unwrap();
+        let kv = dev.upload(&cache.addresses()).unwrap();
+        for n in [165usize, 512] {
+            let cached = len - n;
+            let meta = dev.upload(&[cached as u32, cached as u32]).unwrap();
+            let q: Vec<f32> = (0..n * qh * hd).map(|_| rng.unit()).collect();
+            let q = dev.upload(&q).unwrap();
+            let mut out = dev.zeros::<f32>(n * qh * hd).unwrap();
+            let mut parts = AttendParts::new(&dev, n, (qh, kvh, hd), len).unwrap();
+            let path = dev.attend_path(KvDtype::F16, (qh, kvh, hd), n).unwrap();
+            let secs = time_launches(&dev, 2, &mut |_| {
+                let a = AttendIn {
+                    q: &q,
+                    kv: &kv,
+                    kv_dtype: KvDtype::F16,
+                    layer: 0,
+                    heads: (qh, kvh, hd),
+                    n,
+                    meta: &meta,
+                    scale: 0.088,
+                    max_len: len,
+                };
+                dev.attend(&a, &mut parts, &mut out).unwrap()
+            });
+            let keys: usize = (0..n).map(|r| cached + r + 1).sum();
+            let flops = (keys * qh * hd * 4) as f64;
+            println!(
+                "attend {n} rows after {cached} cached ({path:?}): {:8.3} ms a layer, \
+                 {:6.1} TFLOPS of useful work",
+                secs * 1e3,
+                flops / secs / 1e12
+            );
+        }
+    }
+}
