@@ -568,14 +568,14 @@ __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long
     extern __shared__ float4 xs[];
     int chunks = in >> 5;
     const float4* x4 = reinterpret_cast<const float4*>(x);
+    int o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS1;
+    int lane = threadIdx.x & 31;
     // The warp's rows of W asked for first, a line a lane: their trip from device memory
     // overlaps x's (and the norm's) instead of following it. A small model's products are
     // a few hundred bytes a warp, so their time is mostly these two waits.
     {
-        int w0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS1;
-        int lane = threadIdx.x & 31;
-        long long span = (long long)min(OUTS1, max(rows - w0, 0)) * row_bytes;
-        const u8* first = W + (long long)w0 * row_bytes;
+        long long span = (long long)min(OUTS1, max(rows - o0, 0)) * row_bytes;
+        const u8* first = W + (long long)o0 * row_bytes;
         // From the line the rows start in to the one they end in.
         const u8* line = reinterpret_cast<const u8*>(reinterpret_cast<unsigned long long>(first) & ~127ULL);
         for (const u8* p = line + 128 * lane; span > 0 && p < first + span; p += 32 * 128)
@@ -608,8 +608,6 @@ __device__ __forceinline__ void matvec1_body(const u8* __restrict__ W, long long
         for (int i = threadIdx.x; i < 8 * chunks; i += blockDim.x) xs[(i >> 3) * (XSTRIDE / 4) + (i & 7)] = x4[i];
     }
     __syncthreads();
-    int o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * OUTS1;
-    int lane = threadIdx.x & 31;
     if (o0 >= rows) return;
     float acc[OUTS1];
 #pragma unroll

@@ -352,6 +352,8 @@ mod tests {
         );
         assert_eq!(define("OUTS1"), MATVEC1_OUTS as usize, "OUTS1");
         assert_eq!(define("XSTRIDE"), MATVEC1_XSTRIDE, "XSTRIDE");
+        // The fused norm sums as an `rms_norm` launch of ROW_THREADS threads does.
+        assert_eq!(define("NORM_THREADS"), ROW_THREADS as usize, "NORM_THREADS");
         assert_eq!(
             define("MATVEC1_WARPS"),
             MATVEC1_WARPS as usize,

@@ -1,7 +1,8 @@
 //! A decode step's products that make their own x from the row before them: the RMSNorm
 //! (`matvec1n_F`) or the `silu_mul` (`matvec1s_F`) computed in each block of the product,
-//! so a small model's layer is six launches, not nine (its steps are launch-bound: about
-//! 300 kernels of a few microseconds each for the default model). Every block computes the
+//! so a small model's layer is six launches, not nine (the default model's step is about
+//! 300 kernels of a few microseconds, each mostly waiting on memory; with these, 5-6% less
+//! time a step on an H100: docs/bench/h200.md). Every block computes the
 //! same floats as the kernel it replaces (`rms_norm` of `ROW_THREADS` threads, `silu_mul`),
 //! so a row's result is the same bits either way; `MTPLX_CUDA_DECODE_FUSED=0` launches
 //! them apart (to time one against the other in one binary).
