@@ -247,6 +247,35 @@ mod tests {
         v
     }
 
+    /// Every kernel of the built-in source orders itself after the one before it
+    /// (`GRID_ORDER`, or `matvec1_body`'s `GRID_WAIT` after its prefetch) within its first
+    /// lines, so that programmatic launch (`graph.rs`) stays possible: the device checks the
+    /// compiled PTX and turns it off for a source with one kernel that does not wait; this
+    /// says so where no NVRTC is installed (CI).
+    #[test]
+    fn every_builtin_kernel_waits_for_the_one_before_it() {
+        let lines: Vec<&str> = SOURCE.lines().collect();
+        let mut kernels = 0;
+        for (i, line) in lines.iter().enumerate() {
+            if !line.contains("__global__") {
+                continue;
+            }
+            kernels += 1;
+            let head = lines[i..(i + 8).min(lines.len())].join("\n");
+            assert!(
+                head.contains("GRID_ORDER();") || head.contains("matvec1_body<"),
+                "a kernel that does not wait for the one before it: {line}"
+            );
+        }
+        assert!(kernels > 15, "{kernels} kernels found");
+        let body = SOURCE
+            .split("void matvec1_body(")
+            .nth(1)
+            .expect("matvec1_body");
+        let body = &body[..body.find("__syncthreads();").expect("its first barrier")];
+        assert!(body.contains("GRID_LAUNCH_NEXT();") && body.contains("GRID_WAIT();"));
+    }
+
     /// A source's own decode launch shape is read from it; one without the defines gets
     /// the built-in shape; a nonsense value is an error, not a launch.
     #[test]
