@@ -9,7 +9,7 @@ use mtplx_kv::{KvDtype, KvView};
 
 use super::cache::CudaKvCache;
 use super::device::attention::AttendIn;
-use super::device::before::Before;
+use super::device::before::{Before, Room};
 use super::device::{AttendParts, CudaDevice, DeviceRope};
 use super::graph::Graph;
 use super::matrix::DeviceMatrix;
@@ -210,26 +210,25 @@ pub(super) fn launch_layer(
     rope: &DeviceRope,
     max_len: usize,
 ) -> Result<()> {
-    let (h, hd) = (c.hidden_size, c.head_dim);
+    let hd = c.head_dim;
     let heads = (c.num_heads, c.num_kv_heads, hd);
     let eps = c.rms_norm_eps;
     let scale = 1.0 / (hd as f32).sqrt();
-    // A decode step's 8-bit products read x rounded by the norm or silu_mul before them
-    // (where the device takes the kernels that read it so: not with
-    // MTPLX_CUDA_DECODE_ROUNDED=0).
-    let rounds = |w| n == 1 && dev.rounds_row_for(w);
-    // A decode step's products over narrow rows norm (or silu_mul) their x themselves
-    // (`matvec_after`, the same bits): three launches fewer a layer.
-    if dev.fuses_before(&l.qkv, n) {
-        let before = Before::Norm(&l.attn_norm, eps);
-        dev.matvec_after(&l.qkv, before, &s.x, &mut s.qkv, false)?;
-    } else {
-        let r = rounds(&l.qkv);
-        let rq = r.then_some(&mut s.rounded);
-        dev.rms_norm_rounding(&s.x, &l.attn_norm, &mut s.normed, n, h, eps, rq)?;
-        let rq = r.then_some(&s.rounded);
-        dev.matvec_from(&l.qkv, &s.normed, rq, &mut s.qkv, n, false)?;
-    }
+    // The norms and silu_mul before the products: inside a decode step's products over
+    // narrow rows, else launched apart, rounding their row for the 8-bit products that read
+    // x so (`matvec_made`; the same bits either way).
+    dev.matvec_made(
+        &l.qkv,
+        Before::Norm(&l.attn_norm, eps),
+        &s.x,
+        Room {
+            x: &mut s.normed,
+            rounded: &mut s.rounded,
+        },
+        &mut s.qkv,
+        n,
+        false,
+    )?;
     dev.qkv_post(
         &s.qkv,
         &mut s.q,
@@ -256,21 +255,28 @@ pub(super) fn launch_layer(
     };
     dev.attend(&a, &mut s.attn_parts, &mut s.attn)?;
     dev.matvec(&l.o, &s.attn, &mut s.x, n, true)?;
-    if dev.fuses_before(&l.gate_up, n) {
-        let before = Before::Norm(&l.ffn_norm, eps);
-        dev.matvec_after(&l.gate_up, before, &s.x, &mut s.gate_up, false)?;
-    } else {
-        let r = rounds(&l.gate_up);
-        let rq = r.then_some(&mut s.rounded);
-        dev.rms_norm_rounding(&s.x, &l.ffn_norm, &mut s.normed, n, h, eps, rq)?;
-        let rq = r.then_some(&s.rounded);
-        dev.matvec_from(&l.gate_up, &s.normed, rq, &mut s.gate_up, n, false)?;
-    }
-    if dev.fuses_before(&l.down, n) {
-        return dev.matvec_after(&l.down, Before::SiluMul, &s.gate_up, &mut s.x, true);
-    }
-    let (r, width) = (rounds(&l.down), c.intermediate_size);
-    let rq = r.then_some(&mut s.rounded);
-    dev.silu_mul_rounding(&s.gate_up, &mut s.act, n, width, rq)?;
-    dev.matvec_from(&l.down, &s.act, r.then_some(&s.rounded), &mut s.x, n, true)
+    dev.matvec_made(
+        &l.gate_up,
+        Before::Norm(&l.ffn_norm, eps),
+        &s.x,
+        Room {
+            x: &mut s.normed,
+            rounded: &mut s.rounded,
+        },
+        &mut s.gate_up,
+        n,
+        false,
+    )?;
+    dev.matvec_made(
+        &l.down,
+        Before::SiluMul,
+        &s.gate_up,
+        Room {
+            x: &mut s.act,
+            rounded: &mut s.rounded,
+        },
+        &mut s.x,
+        n,
+        true,
+    )
 }

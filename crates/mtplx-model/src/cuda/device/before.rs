@@ -31,6 +31,13 @@ pub(crate) enum Before<'a> {
     SiluMul,
 }
 
+/// Where [`CudaDevice::matvec_made`] writes a product's x when the product does not make it
+/// itself: the row buffer, and its 8-bit rounding for the products that read x so.
+pub(crate) struct Room<'a> {
+    pub(crate) x: &'a mut CudaSlice<f32>,
+    pub(crate) rounded: &'a mut CudaSlice<u8>,
+}
+
 impl CudaDevice {
     /// Whether [`Self::matvec_after`] takes `n` rows of a product with `w`: a decode step's
     /// row, its x narrow enough, a product `matvec1_F` computes (not the 8-bit kernels'),
@@ -48,6 +55,35 @@ impl CudaDevice {
     /// `matvec1_F` holds them, then the norm's reduction.
     fn fused_shared(cols: usize) -> usize {
         cols / 32 * MATVEC1_XSTRIDE * 4 + NORM_RED_BYTES
+    }
+
+    /// `y = before(x) Wᵀ (+ y when accumulating)` for `n` rows, `before(x)` of `w.cols`
+    /// values a row: inside the product where [`Self::fuses_before`] says so
+    /// ([`Self::matvec_after`]), else written into `room.x` first (with its 8-bit rounding
+    /// into `room.rounded` where the product reads x rounded) and the product run on it.
+    /// The same bits either way.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matvec_made(
+        &self,
+        w: &DeviceMatrix,
+        before: Before,
+        x: &CudaSlice<f32>,
+        room: Room,
+        y: &mut CudaSlice<f32>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if self.fuses_before(w, n) {
+            return self.matvec_after(w, before, x, y, accumulate);
+        }
+        let Room { x: made, rounded } = room;
+        let rounds = n == 1 && self.rounds_row_for(w);
+        let rq = rounds.then_some(&mut *rounded);
+        match before {
+            Before::Norm(nw, eps) => self.rms_norm_rounding(x, nw, made, n, w.cols, eps, rq)?,
+            Before::SiluMul => self.silu_mul_rounding(x, made, n, w.cols, rq)?,
+        }
+        self.matvec_from(w, made, rounds.then_some(&*rounded), y, n, accumulate)
     }
 
     /// `y = before(x) Wᵀ (+ bias) (+ y when accumulating)` for one row, each part of `w` by
