@@ -4,6 +4,7 @@
 //! the bytes each reads per second. Weights and caches are rotated over copies larger than
 //! the L2 cache, so every replay reads from device memory as a decode step does.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
@@ -48,6 +49,29 @@ fn time_launches(dev: &CudaDevice, per_graph: usize, launch: &mut dyn FnMut(usiz
     }
     dev.sync().unwrap();
     t.elapsed().as_secs_f64() / (per_graph * replays.max(1)) as f64
+}
+
+/// An `f16` cache of `layers` layers holding `len` random rows of `heads` (KV heads, head
+/// size), every layer the same rows, and its K and V addresses per layer on the device.
+fn f16_cache(
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    layers: usize,
+    len: usize,
+    (kvh, hd): (usize, usize),
+) -> (CudaKvCache, CudaSlice<u64>) {
+    let shape = KvShape {
+        layers,
+        kv_heads: kvh,
+        head_dim: hd,
+    };
+    let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
+    let row: Vec<f32> = (0..len * kvh * hd).map(|_| rng.unit()).collect();
+    for l in 0..layers {
+        cache.append(l, &row, &row).unwrap();
+    }
+    let kv = dev.upload(&cache.addresses()).unwrap();
+    (cache, kv)
 }
 
 fn line(what: &str, secs: f64, bytes: usize) {
@@ -130,17 +154,7 @@ fn decode_kernels_at_llama3_8b_sizes() {
     for len in [512usize, 4096, 8192, 32_768] {
         let layer_bytes = len * kvh * hd * 2 * 2;
         let layers = ROTATE_BYTES.div_ceil(layer_bytes).clamp(2, 64);
-        let shape = KvShape {
-            layers,
-            kv_heads: kvh,
-            head_dim: hd,
-        };
-        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
-        let row: Vec<f32> = (0..len * kvh * hd).map(|_| rng.unit()).collect();
-        for l in 0..layers {
-            cache.append(l, &row, &row).unwrap();
-        }
-        let kv = dev.upload(&cache.addresses()).unwrap();
+        let (_cache, kv) = f16_cache(&dev, &mut rng, layers, len, (kvh, hd));
         let at = (len - 1) as u32;
         let meta = dev.upload(&[at, at]).unwrap();
         let q: Vec<f32> = (0..qh * hd).map(|_| rng.unit()).collect();
@@ -218,15 +232,7 @@ fn prefill_attention_at_long_contexts() {
     println!("device: {}", dev.name());
     let (qh, kvh, hd) = (32usize, 8usize, 128usize);
     for len in [4096usize, 32_768] {
-        let shape = KvShape {
-            layers: 1,
-            kv_heads: kvh,
-            head_dim: hd,
-        };
-        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
-        let row: Vec<f32> = (0..len * kvh * hd).map(|_| rng.unit()).collect();
-        cache.append(0, &row, &row).unwrap();
-        let kv = dev.upload(&cache.addresses()).unwrap();
+        let (_cache, kv) = f16_cache(&dev, &mut rng, 1, len, (kvh, hd));
         for n in [165usize, 512] {
             let cached = len - n;
             let meta = dev.upload(&[cached as u32, cached as u32]).unwrap();
