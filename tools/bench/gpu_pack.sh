@@ -19,13 +19,9 @@ cargo build --release -p mtplx-serve --features cuda
 pack target/release/mtplx-serve mtplx-serve
 cargo build --release -p xtask
 pack target/release/xtask xtask
-# The lib test binary's path, from cargo's own report of what it built.
-libtest=$(cargo test -p mtplx-model --features cuda --lib --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for l in sys.stdin:
-    j = json.loads(l)
-    if j.get("reason") == "compiler-artifact" and j.get("executable") and j["target"]["kind"] == ["lib"]:
-        print(j["executable"])' | tail -1)
+# The lib test binary (the only executable a `--lib` test build names).
+. tools/bench/built.sh
+libtest=$(built -p mtplx-model --features cuda --lib | awk '{ print $2 }' | tail -1)
 pack "$libtest" libtest
 # make-shaped takes the tokenizer of a GGUF file: its smallest shape carries it.
 target/release/xtask make-shaped --shape tiny --seed 1 --out "$out/tok.gguf" >/dev/null

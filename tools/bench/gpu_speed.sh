@@ -21,12 +21,9 @@ case $cmd in
 pack)
   mkdir -p "$dir"
   git describe --always --dirty --abbrev=7 > "$dir/commit"
-  test_bin=$(cargo test -p mtplx-model --features cuda --test cuda_backend --no-run \
-    --message-format=json 2>/dev/null | python3 -c 'import json,sys
-for l in sys.stdin:
-    j = json.loads(l)
-    if j.get("reason") == "compiler-artifact" and j.get("executable") and j["target"]["name"] == "cuda_backend":
-        print(j["executable"])' | tail -1)
+  . tools/bench/built.sh
+  test_bin=$(built -p mtplx-model --features cuda --test cuda_backend \
+    | awk '$1 == "cuda_backend" { print $2 }' | tail -1)
   strip -o "$dir/cuda_backend" "$test_bin" && xz -T0 -6 -f "$dir/cuda_backend"
   cargo build --release -p xtask
   strip -o "$dir/xtask" target/release/xtask && xz -T0 -6 -f "$dir/xtask"

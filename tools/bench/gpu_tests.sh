@@ -25,13 +25,7 @@ pack)
   mkdir -p "$dir/t" "$dir/a" "$dir/b" "$dir/c"
   # (A pack stopped before its end leaves paths.new behind: start it afresh.)
   rm -f "$dir/t/paths.new"
-  built() {
-    cargo test "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import json,sys
-for l in sys.stdin:
-    j = json.loads(l)
-    if j.get("reason") == "compiler-artifact" and j.get("executable"):
-        print(j["target"]["name"], j["executable"])'
-  }
+  . tools/bench/built.sh
   {
     built -p mtplx-model --features cuda --test cuda_backend
     built -p mtplx-spec --features cuda --test cuda_lossless
