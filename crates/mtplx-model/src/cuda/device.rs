@@ -17,8 +17,8 @@ use super::matrix::{DeviceMatrix, Upload};
 use super::q8::{Q8Kernels, RoundedX};
 use super::source::{
     attend_mma_shared, compile_source, quietly, source, LaunchShape, WeightCode, ATTEND_KEYS,
-    ATTEND_MMA_HEADS, ATTEND_MMA_ROW_BUFFERS, ATTEND_MMA_SPLIT_BUFFERS, ATTEND_ROWS,
-    MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS, QKV_THREADS, ROW_THREADS,
+    ATTEND_MMA_HEADS, ATTEND_ROWS, MATVEC1_XSTRIDE, MATVEC_OUTS, MATVEC_ROWS, MATVEC_WARPS,
+    QKV_THREADS, ROW_THREADS,
 };
 use super::staging::Staging;
 use crate::error::{ModelError, Result};
@@ -78,9 +78,6 @@ struct MmaAttend {
     /// tile's work (the same bits). `None` with `MTPLX_CUDA_ATTEND_SPLIT=0` (to time it
     /// against `rows` in one binary; see docs/bench/h200.md) or in an older source.
     split: Option<CudaFunction>,
-    /// The split kernel's chunk buffers ([`ATTEND_MMA_SPLIT_BUFFERS`] unless
-    /// `MTPLX_CUDA_ATTEND_BUFFERS` sets another count).
-    split_buffers: usize,
 }
 
 /// A CUDA device with the backend's kernels loaded. Every launch and copy goes to one
@@ -212,16 +209,11 @@ impl CudaDevice {
                     // MTPLX_CUDA_ATTEND_MMA=0, to time the kernels above in one binary).
                     attend_mma: if super::switches::switched_on("MTPLX_CUDA_ATTEND_MMA") {
                         let split = super::switches::switched_on("MTPLX_CUDA_ATTEND_SPLIT");
-                        let split_buffers = super::switches::count(
-                            "MTPLX_CUDA_ATTEND_BUFFERS",
-                            ATTEND_MMA_SPLIT_BUFFERS,
-                            ATTEND_MMA_ROW_BUFFERS..=ATTEND_MMA_SPLIT_BUFFERS,
-                        );
-                        let load = |name: String, hd: usize, buffers: usize| {
+                        let load = |name: String, hd: usize| {
                             let func = module.load_function(&name).ok()?;
                             func.set_attribute(
                                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                attend_mma_shared(hd, buffers) as i32,
+                                attend_mma_shared(hd) as i32,
                             )
                             .ok()?;
                             Some(func)
@@ -231,18 +223,9 @@ impl CudaDevice {
                             .filter_map(|&hd| {
                                 Some(MmaAttend {
                                     head_dim: hd,
-                                    rows: load(
-                                        format!("attend_mma_{hd}"),
-                                        hd,
-                                        ATTEND_MMA_ROW_BUFFERS,
-                                    )?,
-                                    split: load(
-                                        format!("attend_mma_split_{hd}"),
-                                        hd,
-                                        split_buffers,
-                                    )
-                                    .filter(|_| split),
-                                    split_buffers,
+                                    rows: load(format!("attend_mma_{hd}"), hd)?,
+                                    split: load(format!("attend_mma_split_{hd}"), hd)
+                                        .filter(|_| split),
                                 })
                             })
                             .collect()

@@ -1905,31 +1905,6 @@ __device__ __forceinline__ void split_pair(float a, float b, unsigned* hi, unsig
     *lo = (unsigned)la | ((unsigned)lb << 16);
 }
 
-// The chunk buffers of K and V a tensor-core attention block's dynamic shared memory holds:
-// the host's choice at launch (`attend_mma_shared` in source.rs), two for the row blocks of a
-// prefill chunk (three blocks a multiprocessor), up to a part's KEYS / AMMA_CHUNK for the
-// split kernel of a decode step, whose copies of the whole part then start before its first
-// chunk's scores: one wait on memory a part instead of one a chunk. No arithmetic depends on it.
-template <int HD>
-__device__ __forceinline__ int amma_buffers() {
-    unsigned bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-    return max(1, min(KEYS / AMMA_CHUNK, (int)(bytes / (2 * AMMA_CHUNK * (HD + 8) * 2))));
-}
-
-// Waits until at most n committed groups (n < KEYS / AMMA_CHUNK) are still in flight.
-__device__ __forceinline__ void amma_wait(int n) {
-    static_assert(KEYS / AMMA_CHUNK == 4, "amma_wait's cases");
-    if (n >= 3)
-        copies_wait<3>();
-    else if (n == 2)
-        copies_wait<2>();
-    else if (n == 1)
-        copies_wait<1>();
-    else
-        copies_wait<0>();
-}
-
 // Rows j .. j + AMMA_CHUNK − 1 of KV head g's K and V into sk and sv (HD + 8 halves a row);
 // rows at or past kend are zeros.
 template <int HD>
@@ -2044,9 +2019,8 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
     const int NPW = AMMA_CHUNK / 8 / AMMA_WARPS, DPW = HD / 8 / AMMA_WARPS;
     const int OT = SPLIT ? DPW : HD / 8;
     extern __shared__ int4 amma_sh[];
-    const int nbuf = amma_buffers<HD>();
     KV* sk = reinterpret_cast<KV*>(amma_sh);
-    KV* sv = sk + nbuf * AMMA_CHUNK * STRIDE;
+    KV* sv = sk + 2 * AMMA_CHUNK * STRIDE;
     const KV* kc = (const KV*)kv[2 * layer];
     const KV* vc = (const KV*)kv[2 * layer + 1];
     int G = qh / kvh, g = blockIdx.y, ps = blockIdx.z, kvd = kvh * HD;
@@ -2089,22 +2063,20 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
 #pragma unroll
     for (int d = 0; d < OT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
-    // Chunk c goes to buffer c mod nbuf: the first nbuf chunks' copies start here, each its
-    // own group (empty past the last chunk), and chunk c + nbuf's once chunk c is read, so
-    // chunk c's group is complete when at most nbuf − 1 groups are still in flight.
-    for (int c = 0; c < nbuf; c++) {
-        if (c < chunks)
-            amma_load<HD>(sk + c * AMMA_CHUNK * STRIDE, sv + c * AMMA_CHUNK * STRIDE, kc, vc, kvd,
-                          g, j0 + c * AMMA_CHUNK, kend);
-        copies_commit();
-    }
+    amma_load<HD>(sk, sv, kc, vc, kvd, g, j0, kend);
+    copies_commit();
     for (int c = 0; c < chunks; c++) {
-        amma_wait(nbuf - 1);
+        if (c + 1 < chunks) {
+            int nb = (c + 1) & 1;
+            amma_load<HD>(sk + nb * AMMA_CHUNK * STRIDE, sv + nb * AMMA_CHUNK * STRIDE, kc, vc,
+                          kvd, g, j0 + (c + 1) * AMMA_CHUNK, kend);
+        }
+        copies_commit();
+        copies_wait<1>();
         __syncthreads();
-        const int buf = c % nbuf;
         if (busy) {
-            const KV* ks = sk + buf * AMMA_CHUNK * STRIDE;
-            const KV* vs = sv + buf * AMMA_CHUNK * STRIDE;
+            const KV* ks = sk + (c & 1) * AMMA_CHUNK * STRIDE;
+            const KV* vs = sv + (c & 1) * AMMA_CHUNK * STRIDE;
             int jc = j0 + c * AMMA_CHUNK;
             // The chunk's scores (SPLIT: this warp's tiles), then the state's update; the PV
             // fragments (hi, lo) of k-step k in phk[k], plk[k] (SPLIT: from shared memory,
@@ -2220,12 +2192,8 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
                 }
             }
         }
-        // The buffer just read takes chunk c + nbuf's copies.
+        // The buffer just read is refilled by the next chunk's copies.
         __syncthreads();
-        if (c + nbuf < chunks)
-            amma_load<HD>(sk + buf * AMMA_CHUNK * STRIDE, sv + buf * AMMA_CHUNK * STRIDE, kc, vc,
-                          kvd, g, j0 + (c + nbuf) * AMMA_CHUNK, kend);
-        copies_commit();
     }
     // Which of the block's pairs finished last here: bit 4t of word 0 (1) of a warp's entry,
     // its tile row t's (t + 8's) pair. Every warp takes a share of the merges below.

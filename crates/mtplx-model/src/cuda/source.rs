@@ -122,20 +122,10 @@ pub(crate) const ATTEND_MMA_TILE_PAIRS: usize = 16;
 pub(crate) const ATTEND_MMA_CHUNK: usize = 64;
 /// Head sizes the tensor-core attention is built for (`attend_mma_64`, `attend_mma_128`).
 pub(crate) const ATTEND_MMA_HEADS: [usize; 2] = [64, 128];
-/// Chunk buffers of a tensor-core attention block of a prefill chunk's rows
-/// (`attend_mma_{hd}`): two, so three blocks share a multiprocessor.
-pub(crate) const ATTEND_MMA_ROW_BUFFERS: usize = 2;
-/// Chunk buffers of the split kernel's one block a (KV head, part) of a decode step
-/// (`attend_mma_split_{hd}`): a part's whole [`ATTEND_KEYS`] / [`ATTEND_MMA_CHUNK`], so its
-/// copies all start before the first chunk's scores. `MTPLX_CUDA_ATTEND_BUFFERS` (2 to 4)
-/// sets another count, to time them in one binary; the kernel reads the count from the
-/// launch's dynamic shared memory, and no bit depends on it.
-pub(crate) const ATTEND_MMA_SPLIT_BUFFERS: usize = ATTEND_KEYS / ATTEND_MMA_CHUNK;
-/// Dynamic shared memory of a tensor-core attention block for heads of `hd` values with
-/// `buffers` chunk buffers, each [`ATTEND_MMA_CHUNK`] rows of K and of V, `hd + 8` halves a
-/// row.
-pub(crate) fn attend_mma_shared(hd: usize, buffers: usize) -> usize {
-    buffers * 2 * ATTEND_MMA_CHUNK * (hd + 8) * 2
+/// Dynamic shared memory of a tensor-core attention block for heads of `hd` values: two
+/// buffers each of K and V, [`ATTEND_MMA_CHUNK`] rows of `hd + 8` halves.
+pub(crate) fn attend_mma_shared(hd: usize) -> usize {
+    4 * ATTEND_MMA_CHUNK * (hd + 8) * 2
 }
 /// Dynamic shared memory an attention block may use without opting in.
 pub(super) const MAX_SHARED_BYTES: usize = 48 * 1024;

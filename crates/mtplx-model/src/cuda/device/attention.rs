@@ -7,9 +7,8 @@ use mtplx_kv::KvDtype;
 
 use super::{device_error, AttendParts, CudaDevice, MmaAttend};
 use crate::cuda::source::{
-    attend_mma_shared, ATTEND_KEYS, ATTEND_MMA_PAIRS, ATTEND_MMA_ROW_BUFFERS,
-    ATTEND_MMA_TILE_PAIRS, ATTEND_MMA_WARPS, ATTEND_ROWS, ATTEND_TILE_FROM, ATTEND_TILE_ROWS,
-    MAX_SHARED_BYTES,
+    attend_mma_shared, ATTEND_KEYS, ATTEND_MMA_PAIRS, ATTEND_MMA_TILE_PAIRS, ATTEND_MMA_WARPS,
+    ATTEND_ROWS, ATTEND_TILE_FROM, ATTEND_TILE_ROWS, MAX_SHARED_BYTES,
 };
 use crate::error::{ModelError, Result};
 
@@ -46,14 +45,11 @@ pub(crate) enum AttendPath {
 impl MmaAttend {
     /// The kernel for a launch of `n` rows of `g` query heads a KV head, and the (row, head)
     /// pairs a block of it takes: one tile, its warps sharing the tile's work (the same
-    /// bits), where the launch's pairs fit one; else blocks of [`ATTEND_MMA_PAIRS`]. Then
-    /// the chunk buffers its blocks' shared memory holds.
-    fn launch_for(&self, g: usize, n: usize) -> (&CudaFunction, usize, usize) {
+    /// bits), where the launch's pairs fit one; else blocks of [`ATTEND_MMA_PAIRS`].
+    fn launch_for(&self, g: usize, n: usize) -> (&CudaFunction, usize) {
         match &self.split {
-            Some(split) if n * g <= ATTEND_MMA_TILE_PAIRS => {
-                (split, ATTEND_MMA_TILE_PAIRS, self.split_buffers)
-            }
-            _ => (&self.rows, ATTEND_MMA_PAIRS, ATTEND_MMA_ROW_BUFFERS),
+            Some(split) if n * g <= ATTEND_MMA_TILE_PAIRS => (split, ATTEND_MMA_TILE_PAIRS),
+            _ => (&self.rows, ATTEND_MMA_PAIRS),
         }
     }
 }
@@ -134,7 +130,7 @@ impl CudaDevice {
             .ok_or_else(|| {
                 ModelError::Device(format!("no tensor-core attention for heads of {hd}"))
             })?;
-        let (func, pairs, buffers) = mma.launch_for(qh / kvh, n);
+        let (func, pairs) = mma.launch_for(qh / kvh, n);
         let rows_per_block = pairs / (qh / kvh);
         let count = max_len.div_ceil(ATTEND_KEYS);
         let (qhi, kvhi, li, pi) = (qh as i32, kvh as i32, layer as i32, count as i32);
@@ -163,14 +159,14 @@ impl CudaDevice {
                     count as u32,
                 ),
                 block_dim: (32 * ATTEND_MMA_WARPS, 1, 1),
-                shared_mem_bytes: attend_mma_shared(hd, buffers) as u32,
+                shared_mem_bytes: attend_mma_shared(hd) as u32,
             };
             // SAFETY: as for `attend`'s launches: q and out hold n × qh × hd; the caches
             // (f16) hold pos0 + n rows of kvh × hd (at most max_len); `parts` was made for
             // these heads and max_len, its counters all 0 between launches; qh is a multiple
             // of kvh with at most ATTEND_MMA_PAIRS query heads a KV head; the block's shared
-            // memory is `buffers` chunks of K and V rows for heads of hd, the size its
-            // attribute was set to at load.
+            // memory is the kernel's two buffers of K and V rows for heads of hd, within
+            // the limit its attribute was set to at load.
             unsafe { b.launch(cfg) }
                 .map(drop)
                 .map_err(|e| device_error("attend_mma", e))?;
