@@ -40,6 +40,8 @@ struct Kernels {
     /// The most dynamic shared memory a `matvec1` or 8-bit block may use (the device's
     /// opt-in limit): `matvec1`'s x of up to this many bytes ÷ 4.5 values.
     shared_limit: usize,
+    /// The device's multiprocessors.
+    sms: usize,
     /// How the source in use launches `matvec1` and attention.
     shape: LaunchShape,
     /// The products with 8-bit activations (none in an older source).
@@ -104,6 +106,10 @@ pub struct CudaDevice {
     kernels_wait: bool,
     /// Whether they do (with `MTPLX_CUDA_PDL=1`; see `graph.rs`).
     programmatic: bool,
+    /// The parts a tensor-core attention block takes where a test sets them (0: the
+    /// launch's own choice).
+    #[cfg(test)]
+    attend_span: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -178,6 +184,9 @@ impl CudaDevice {
                 .collect::<Result<_>>()?,
             matvec1,
             shared_limit: shared_limit as usize,
+            sms: ctx
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| device_error("multiprocessor count", e))? as usize,
             shape,
             q8,
             fused: FusedKernels::load(&module, shared_limit)?,
@@ -251,6 +260,8 @@ impl CudaDevice {
             lent: LentPool::new(&ctx),
             kernels_wait,
             programmatic,
+            #[cfg(test)]
+            attend_span: Default::default(),
         }))
     }
 

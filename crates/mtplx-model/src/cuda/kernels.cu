@@ -1864,6 +1864,10 @@ extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS * ATILE_GROUPS) a
 // The pairs of one warp's tile, and of a block (16 · AMMA_WARPS).
 #define AMMA_TILE 16
 #define AMMA_PAIRS 64
+// The most parts of KEYS keys one block takes, one after another (the launch's grid says
+// how many: `parts_a_block` in device/attention.rs). A source without it is launched a block
+// a part.
+#define AMMA_SPAN 8
 // SPLIT: each warp's score tiles are one k-step's of p · V (two 8-key tiles).
 static_assert(AMMA_CHUNK / 8 / AMMA_WARPS == 2, "a warp's score tiles make one PV k-step");
 
@@ -1874,6 +1878,25 @@ __device__ __forceinline__ void mma_f16(const unsigned* a, unsigned b0, unsigned
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8 × 8 matrices of halves from shared memory: lanes 8m .. 8m + 7 point at matrix m's
+// rows; the lane of quad g, place c gets row g's halves 2c, 2c + 1 of matrix m in b[m].
+__device__ __forceinline__ void ldmatrix_x4(unsigned* b, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(shared_address(row)));
+}
+
+// The B fragments (K's rows as columns) of score tiles n and n + 1 of a chunk at ks for
+// dimensions 16 k .. 16 k + 15, in one load: b[0], b[1] tile n's, b[2], b[3] tile n + 1's,
+// the halves the lane would read itself (row 8 n + its quad, dimensions 16 k + 2 c and
+// 16 k + 8 + 2 c), so the same mma operands.
+template <int HD>
+__device__ __forceinline__ void amma_k_pair(unsigned* b, const unsigned short* ks, int n, int k,
+                                            int lane) {
+    int m = lane >> 3;
+    ldmatrix_x4(b, ks + (8 * (n + (m >> 1)) + (lane & 7)) * (HD + 8) + 16 * k + 8 * (m & 1));
 }
 
 // Four 8 × 8 matrices of halves from shared memory, transposed: the rows lanes 8m .. 8m + 7
@@ -2023,15 +2046,18 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
     KV* sv = sk + 2 * AMMA_CHUNK * STRIDE;
     const KV* kc = (const KV*)kv[2 * layer];
     const KV* vc = (const KV*)kv[2 * layer + 1];
-    int G = qh / kvh, g = blockIdx.y, ps = blockIdx.z, kvd = kvh * HD;
+    int G = qh / kvh, g = blockIdx.y, kvd = kvh * HD;
     int rows_blk = (SPLIT ? AMMA_TILE : AMMA_PAIRS) / G, npairs = rows_blk * G;
     int i0 = blockIdx.x * rows_blk, i1 = min(nrows, i0 + rows_blk);
-    int j0 = ps * KEYS;
-    // Launch row i is cache row pos0 + i; the block's last row sees the most keys.
-    int pos0 = (int)meta[0] + r0;
-    int kend = min(j0 + KEYS, pos0 + i1);
-    if (j0 >= kend) return;
-    int chunks = (kend - j0 + AMMA_CHUNK - 1) / AMMA_CHUNK;
+    // Launch row i is cache row pos0 + i; the block's last row sees the most keys, kmax.
+    int pos0 = (int)meta[0] + r0, kmax = pos0 + i1;
+    // The block's parts p0 .. p1 − 1, one after another: the launch's gridDim.z blocks share
+    // the `parts` parts evenly (the host gives a long context's parts several a block, so
+    // fewer blocks pay the prologue, the publishing and the count). Each part is computed
+    // from a fresh state into its own slot, as a block of one part computes it.
+    int per = (parts + gridDim.z - 1) / gridDim.z;
+    int p0 = blockIdx.z * per, p1 = min(min(parts, p0 + per), (kmax + KEYS - 1) / KEYS);
+    if (p0 >= p1) return;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
     // The lane's two pairs: tile rows gq (a) and gq + 8 (b) of its warp's tile (SPLIT: the
     // one tile, every warp's).
@@ -2039,8 +2065,16 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
     int ia = i0 + pa / G, ib = i0 + pb / G;
     bool va = pa < npairs && ia < i1, vb = pb < npairs && ib < i1;
     int posa = pos0 + ia, posb = pos0 + ib;
-    bool ina = va && j0 <= posa, inb = vb && j0 <= posb;
-    bool busy = __any_sync(FULL_MASK, ina || inb);
+    // The pairs' parts: straight to out where a row's context is one part, else to `part`,
+    // counted, and merged by the last.
+    int npa = (posa + KEYS) / KEYS, npb = (posb + KEYS) / KEYS;
+    int ha = g * G + pa % G, hb = g * G + pb % G;
+    float* ba = part + ((long long)ia * qh + ha) * parts * (HD + 2);
+    float* bb = part + ((long long)ib * qh + hb) * parts * (HD + 2);
+    float* oa = out + ((long long)(r0 + ia) * qh + ha) * HD;
+    float* ob = out + ((long long)(r0 + ib) * qh + hb) * HD;
+    // (SPLIT: every warp holds the same m and l; warp 0 writes and counts them.)
+    bool counts = cq == 0 && (!SPLIT || warp == 0);
     // q's fragments for each 16 dimensions, as hi and lo halves (zeros for unused rows).
     unsigned qhi[HD / 16][4], qlo[HD / 16][4];
     {
@@ -2059,177 +2093,179 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
             split_pair(b1.x, b1.y, &qhi[k][3], &qlo[k][3]);
         }
     }
-    float o[OT][4];
+    for (int ps = p0; ps < p1; ps++) {
+        int j0 = ps * KEYS, kend = min(j0 + KEYS, kmax);
+        int chunks = (kend - j0 + AMMA_CHUNK - 1) / AMMA_CHUNK;
+        bool ina = va && j0 <= posa, inb = vb && j0 <= posb;
+        bool busy = __any_sync(FULL_MASK, ina || inb);
+        float o[OT][4];
 #pragma unroll
-    for (int d = 0; d < OT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-    float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
-    amma_load<HD>(sk, sv, kc, vc, kvd, g, j0, kend);
-    copies_commit();
-    for (int c = 0; c < chunks; c++) {
-        if (c + 1 < chunks) {
-            int nb = (c + 1) & 1;
-            amma_load<HD>(sk + nb * AMMA_CHUNK * STRIDE, sv + nb * AMMA_CHUNK * STRIDE, kc, vc,
-                          kvd, g, j0 + (c + 1) * AMMA_CHUNK, kend);
-        }
+        for (int d = 0; d < OT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+        float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
+        amma_load<HD>(sk, sv, kc, vc, kvd, g, j0, kend);
         copies_commit();
-        copies_wait<1>();
-        __syncthreads();
-        if (busy) {
-            const KV* ks = sk + (c & 1) * AMMA_CHUNK * STRIDE;
-            const KV* vs = sv + (c & 1) * AMMA_CHUNK * STRIDE;
-            int jc = j0 + c * AMMA_CHUNK;
-            // The chunk's scores (SPLIT: this warp's tiles), then the state's update; the PV
-            // fragments (hi, lo) of k-step k in phk[k], plk[k] (SPLIT: from shared memory,
-            // each k-step's made by the warp that computed its two score tiles).
-            float s[AMMA_CHUNK / 8][4];
-            float xa = NEG_INF, xb = NEG_INF;
-            if (SPLIT) {
-                // Masked, scaled scores of every tile, then the exponentials of every tile,
-                // and the PV fragments of every k-step, each made by one warp.
-                __shared__ float4 amma_s[AMMA_CHUNK / 8][32];
-                __shared__ float4 amma_e[AMMA_CHUNK / 8][32];
-                __shared__ uint4 amma_p[AMMA_CHUNK / 16][2][32];
-                float sw[NPW][4];
+        for (int c = 0; c < chunks; c++) {
+            if (c + 1 < chunks) {
+                int nb = (c + 1) & 1;
+                amma_load<HD>(sk + nb * AMMA_CHUNK * STRIDE, sv + nb * AMMA_CHUNK * STRIDE, kc, vc,
+                              kvd, g, j0 + (c + 1) * AMMA_CHUNK, kend);
+            }
+            copies_commit();
+            copies_wait<1>();
+            __syncthreads();
+            if (busy) {
+                const KV* ks = sk + (c & 1) * AMMA_CHUNK * STRIDE;
+                const KV* vs = sv + (c & 1) * AMMA_CHUNK * STRIDE;
+                int jc = j0 + c * AMMA_CHUNK;
+                // The chunk's scores (SPLIT: this warp's tiles), then the state's update; the PV
+                // fragments (hi, lo) of k-step k in phk[k], plk[k] (SPLIT: from shared memory,
+                // each k-step's made by the warp that computed its two score tiles).
+                float s[AMMA_CHUNK / 8][4];
+                float xa = NEG_INF, xb = NEG_INF;
+                if (SPLIT) {
+                    // Masked, scaled scores of every tile, then the exponentials of every tile,
+                    // and the PV fragments of every k-step, each made by one warp.
+                    __shared__ float4 amma_s[AMMA_CHUNK / 8][32];
+                    __shared__ float4 amma_e[AMMA_CHUNK / 8][32];
+                    __shared__ uint4 amma_p[AMMA_CHUNK / 16][2][32];
+                    float sw[NPW][4];
 #pragma unroll
-                for (int n = 0; n < NPW; n++) sw[n][0] = sw[n][1] = sw[n][2] = sw[n][3] = 0.0f;
+                    for (int n = 0; n < NPW; n++) sw[n][0] = sw[n][1] = sw[n][2] = sw[n][3] = 0.0f;
 #pragma unroll
-                for (int k = 0; k < HD / 16; k++) {
+                    for (int k = 0; k < HD / 16; k++) {
+#pragma unroll
+                        for (int n = 0; n < NPW; n += 2) {
+                            unsigned b[4];
+                            amma_k_pair<HD>(b, ks, warp * NPW + n, k, lane);
+                            mma_f16(qhi[k], b[0], b[1], sw[n]);
+                            mma_f16(qlo[k], b[0], b[1], sw[n]);
+                            mma_f16(qhi[k], b[2], b[3], sw[n + 1]);
+                            mma_f16(qlo[k], b[2], b[3], sw[n + 1]);
+                        }
+                    }
 #pragma unroll
                     for (int n = 0; n < NPW; n++) {
-                        const KV* kr = ks + (8 * (warp * NPW + n) + gq) * STRIDE + 16 * k + 2 * cq;
-                        unsigned b0 = *reinterpret_cast<const unsigned*>(kr);
-                        unsigned b1 = *reinterpret_cast<const unsigned*>(kr + 8);
-                        mma_f16(qhi[k], b0, b1, sw[n]);
-                        mma_f16(qlo[k], b0, b1, sw[n]);
+                        amma_mask(sw[n], jc + 8 * (warp * NPW + n) + 2 * cq, posa, posb, scale);
+                        amma_s[warp * NPW + n][lane] = make_float4(sw[n][0], sw[n][1], sw[n][2], sw[n][3]);
                     }
-                }
-#pragma unroll
-                for (int n = 0; n < NPW; n++) {
-                    amma_mask(sw[n], jc + 8 * (warp * NPW + n) + 2 * cq, posa, posb, scale);
-                    amma_s[warp * NPW + n][lane] = make_float4(sw[n][0], sw[n][1], sw[n][2], sw[n][3]);
-                }
-                __syncthreads();
-#pragma unroll
-                for (int n = 0; n < AMMA_CHUNK / 8; n++) {
-                    float4 v = amma_s[n][lane];
-                    xa = fmaxf(fmaxf(xa, v.x), v.y);
-                    xb = fmaxf(fmaxf(xb, v.z), v.w);
-                }
-                float na, nb;
-                amma_maxima(&xa, &xb, ma, mb, &na, &nb);
-#pragma unroll
-                for (int n = 0; n < NPW; n++) {
-                    amma_exp(sw[n], na, nb);
-                    amma_e[warp * NPW + n][lane] = make_float4(sw[n][0], sw[n][1], sw[n][2], sw[n][3]);
-                }
-                // k-step `warp`: its two score tiles are this warp's (NPW = 2).
-                unsigned ph[4], pl[4];
-                split_pair(sw[0][0], sw[0][1], &ph[0], &pl[0]);
-                split_pair(sw[0][2], sw[0][3], &ph[1], &pl[1]);
-                split_pair(sw[1][0], sw[1][1], &ph[2], &pl[2]);
-                split_pair(sw[1][2], sw[1][3], &ph[3], &pl[3]);
-                amma_p[warp][0][lane] = make_uint4(ph[0], ph[1], ph[2], ph[3]);
-                amma_p[warp][1][lane] = make_uint4(pl[0], pl[1], pl[2], pl[3]);
-                __syncthreads();
-                float sa = 0.0f, sb = 0.0f;
-#pragma unroll
-                for (int n = 0; n < AMMA_CHUNK / 8; n++) {
-                    float4 v = amma_e[n][lane];
-                    sa += v.x;
-                    sa += v.y;
-                    sb += v.z;
-                    sb += v.w;
-                }
-                amma_update<OT>(sa, sb, na, nb, &ma, &mb, &la, &lb, o);
-#pragma unroll
-                for (int k = 0; k < AMMA_CHUNK / 16; k++) {
-                    uint4 h = amma_p[k][0][lane], l = amma_p[k][1][lane];
-                    unsigned phi[4] = {h.x, h.y, h.z, h.w}, plo[4] = {l.x, l.y, l.z, l.w};
-                    amma_pv<HD, OT>(phi, plo, vs, k, DPW * warp, lane, o);
-                }
-            } else {
-#pragma unroll
-                for (int n = 0; n < AMMA_CHUNK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < HD / 16; k++) {
+                    __syncthreads();
 #pragma unroll
                     for (int n = 0; n < AMMA_CHUNK / 8; n++) {
-                        const KV* kr = ks + (8 * n + gq) * STRIDE + 16 * k + 2 * cq;
-                        unsigned b0 = *reinterpret_cast<const unsigned*>(kr);
-                        unsigned b1 = *reinterpret_cast<const unsigned*>(kr + 8);
-                        mma_f16(qhi[k], b0, b1, s[n]);
-                        mma_f16(qlo[k], b0, b1, s[n]);
+                        float4 v = amma_s[n][lane];
+                        xa = fmaxf(fmaxf(xa, v.x), v.y);
+                        xb = fmaxf(fmaxf(xb, v.z), v.w);
+                    }
+                    float na, nb;
+                    amma_maxima(&xa, &xb, ma, mb, &na, &nb);
+#pragma unroll
+                    for (int n = 0; n < NPW; n++) {
+                        amma_exp(sw[n], na, nb);
+                        amma_e[warp * NPW + n][lane] = make_float4(sw[n][0], sw[n][1], sw[n][2], sw[n][3]);
+                    }
+                    // k-step `warp`: its two score tiles are this warp's (NPW = 2).
+                    unsigned ph[4], pl[4];
+                    split_pair(sw[0][0], sw[0][1], &ph[0], &pl[0]);
+                    split_pair(sw[0][2], sw[0][3], &ph[1], &pl[1]);
+                    split_pair(sw[1][0], sw[1][1], &ph[2], &pl[2]);
+                    split_pair(sw[1][2], sw[1][3], &ph[3], &pl[3]);
+                    amma_p[warp][0][lane] = make_uint4(ph[0], ph[1], ph[2], ph[3]);
+                    amma_p[warp][1][lane] = make_uint4(pl[0], pl[1], pl[2], pl[3]);
+                    __syncthreads();
+                    float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < AMMA_CHUNK / 8; n++) {
+                        float4 v = amma_e[n][lane];
+                        sa += v.x;
+                        sa += v.y;
+                        sb += v.z;
+                        sb += v.w;
+                    }
+                    amma_update<OT>(sa, sb, na, nb, &ma, &mb, &la, &lb, o);
+#pragma unroll
+                    for (int k = 0; k < AMMA_CHUNK / 16; k++) {
+                        uint4 h = amma_p[k][0][lane], l = amma_p[k][1][lane];
+                        unsigned phi[4] = {h.x, h.y, h.z, h.w}, plo[4] = {l.x, l.y, l.z, l.w};
+                        amma_pv<HD, OT>(phi, plo, vs, k, DPW * warp, lane, o);
+                    }
+                } else {
+#pragma unroll
+                    for (int n = 0; n < AMMA_CHUNK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < HD / 16; k++) {
+#pragma unroll
+                        for (int n = 0; n < AMMA_CHUNK / 8; n += 2) {
+                            unsigned b[4];
+                            amma_k_pair<HD>(b, ks, n, k, lane);
+                            mma_f16(qhi[k], b[0], b[1], s[n]);
+                            mma_f16(qlo[k], b[0], b[1], s[n]);
+                            mma_f16(qhi[k], b[2], b[3], s[n + 1]);
+                            mma_f16(qlo[k], b[2], b[3], s[n + 1]);
+                        }
+                    }
+                    // Scaled, masked (a key past the pair's own row: −inf), the chunk's maxima.
+#pragma unroll
+                    for (int n = 0; n < AMMA_CHUNK / 8; n++) {
+                        amma_mask(s[n], jc + 8 * n + 2 * cq, posa, posb, scale);
+                        xa = fmaxf(fmaxf(xa, s[n][0]), s[n][1]);
+                        xb = fmaxf(fmaxf(xb, s[n][2]), s[n][3]);
+                    }
+                    float na, nb;
+                    amma_maxima(&xa, &xb, ma, mb, &na, &nb);
+                    float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < AMMA_CHUNK / 8; n++) {
+                        amma_exp(s[n], na, nb);
+                        sa += s[n][0];
+                        sa += s[n][1];
+                        sb += s[n][2];
+                        sb += s[n][3];
+                    }
+                    amma_update<OT>(sa, sb, na, nb, &ma, &mb, &la, &lb, o);
+                    // p · V, 16 keys at a time: the scores' fragments are the A fragments.
+#pragma unroll
+                    for (int k = 0; k < AMMA_CHUNK / 16; k++) {
+                        unsigned phi[4], plo[4];
+                        split_pair(s[2 * k][0], s[2 * k][1], &phi[0], &plo[0]);
+                        split_pair(s[2 * k][2], s[2 * k][3], &phi[1], &plo[1]);
+                        split_pair(s[2 * k + 1][0], s[2 * k + 1][1], &phi[2], &plo[2]);
+                        split_pair(s[2 * k + 1][2], s[2 * k + 1][3], &phi[3], &plo[3]);
+                        amma_pv<HD, OT>(phi, plo, vs, k, 0, lane, o);
                     }
                 }
-                // Scaled, masked (a key past the pair's own row: −inf), the chunk's maxima.
+            }
+            // The buffer just read is refilled by the next chunk's copies.
+            __syncthreads();
+        }
+        if (busy) {
+            // A pair's two values of dimension tile d: straight to out (over l) where its
+            // context is this one part, else to its part's slot.
 #pragma unroll
-                for (int n = 0; n < AMMA_CHUNK / 8; n++) {
-                    amma_mask(s[n], jc + 8 * n + 2 * cq, posa, posb, scale);
-                    xa = fmaxf(fmaxf(xa, s[n][0]), s[n][1]);
-                    xb = fmaxf(fmaxf(xb, s[n][2]), s[n][3]);
+            for (int d = 0; d < OT; d++) {
+                int dim = 8 * ((SPLIT ? DPW * warp : 0) + d) + 2 * cq;
+                if (ina) amma_store_pair(npa == 1, oa + dim, ba + ps * (HD + 2) + dim, o[d][0], o[d][1], la);
+                if (inb) amma_store_pair(npb == 1, ob + dim, bb + ps * (HD + 2) + dim, o[d][2], o[d][3], lb);
+            }
+            if (counts) {
+                if (ina && npa > 1) {
+                    ba[ps * (HD + 2) + HD] = ma;
+                    ba[ps * (HD + 2) + HD + 1] = la;
                 }
-                float na, nb;
-                amma_maxima(&xa, &xb, ma, mb, &na, &nb);
-                float sa = 0.0f, sb = 0.0f;
-#pragma unroll
-                for (int n = 0; n < AMMA_CHUNK / 8; n++) {
-                    amma_exp(s[n], na, nb);
-                    sa += s[n][0];
-                    sa += s[n][1];
-                    sb += s[n][2];
-                    sb += s[n][3];
-                }
-                amma_update<OT>(sa, sb, na, nb, &ma, &mb, &la, &lb, o);
-                // p · V, 16 keys at a time: the scores' fragments are the A fragments.
-#pragma unroll
-                for (int k = 0; k < AMMA_CHUNK / 16; k++) {
-                    unsigned phi[4], plo[4];
-                    split_pair(s[2 * k][0], s[2 * k][1], &phi[0], &plo[0]);
-                    split_pair(s[2 * k][2], s[2 * k][3], &phi[1], &plo[1]);
-                    split_pair(s[2 * k + 1][0], s[2 * k + 1][1], &phi[2], &plo[2]);
-                    split_pair(s[2 * k + 1][2], s[2 * k + 1][3], &phi[3], &plo[3]);
-                    amma_pv<HD, OT>(phi, plo, vs, k, 0, lane, o);
+                if (inb && npb > 1) {
+                    bb[ps * (HD + 2) + HD] = mb;
+                    bb[ps * (HD + 2) + HD + 1] = lb;
                 }
             }
         }
-        // The buffer just read is refilled by the next chunk's copies.
-        __syncthreads();
     }
     // Which of the block's pairs finished last here: bit 4t of word 0 (1) of a warp's entry,
     // its tile row t's (t + 8's) pair. Every warp takes a share of the merges below.
     __shared__ unsigned amma_last[AMMA_WARPS][2];
     unsigned last_a = 0, last_b = 0;
-    if (busy) {
-        // The pairs' parts: straight to out where a row's context is this one part, else to
-        // `part`, counted, and merged by the last.
-        int npa = (posa + KEYS) / KEYS, npb = (posb + KEYS) / KEYS;
-        int ha = g * G + pa % G, hb = g * G + pb % G;
-        float* ba = part + ((long long)ia * qh + ha) * parts * (HD + 2);
-        float* bb = part + ((long long)ib * qh + hb) * parts * (HD + 2);
-        // A pair's two values of dimension tile d: straight to out (over l) where its
-        // context is this one part, else to its part's slot.
-        float* oa = out + ((long long)(r0 + ia) * qh + ha) * HD;
-        float* ob = out + ((long long)(r0 + ib) * qh + hb) * HD;
-#pragma unroll
-        for (int d = 0; d < OT; d++) {
-            int dim = 8 * ((SPLIT ? DPW * warp : 0) + d) + 2 * cq;
-            if (ina) amma_store_pair(npa == 1, oa + dim, ba + ps * (HD + 2) + dim, o[d][0], o[d][1], la);
-            if (inb) amma_store_pair(npb == 1, ob + dim, bb + ps * (HD + 2) + dim, o[d][2], o[d][3], lb);
-        }
-        // (SPLIT: every warp holds the same m and l; warp 0 writes and counts them.)
-        bool counts = cq == 0 && (!SPLIT || warp == 0);
-        if (counts) {
-            if (ina && npa > 1) {
-                ba[ps * (HD + 2) + HD] = ma;
-                ba[ps * (HD + 2) + HD + 1] = la;
-            }
-            if (inb && npb > 1) {
-                bb[ps * (HD + 2) + HD] = mb;
-                bb[ps * (HD + 2) + HD + 1] = lb;
-            }
-        }
-        // Publish, then count: a quad's first lane counts its two pairs (SPLIT: once every
-        // warp has published its dimensions).
+    // The pairs' parts among p0 .. p1 − 1: those at or below the pair's own row.
+    int ca = va ? min(p1, npa) - p0 : 0, cb = vb ? min(p1, npb) - p0 : 0;
+    if (__any_sync(FULL_MASK, ca > 0 || cb > 0)) {
+        // Publish, then count: a quad's first lane counts its two pairs' parts (SPLIT: once
+        // every warp has published its dimensions).
         __threadfence();
         if (SPLIT)
             __syncthreads();
@@ -2237,8 +2273,8 @@ __device__ __forceinline__ void attend_mma_body(const float* q, const unsigned l
             __syncwarp();
         bool lasta = false, lastb = false;
         if (counts) {
-            if (ina && npa > 1) lasta = atomicAdd(done + ia * qh + ha, 1) == npa - 1;
-            if (inb && npb > 1) lastb = atomicAdd(done + ib * qh + hb, 1) == npb - 1;
+            if (ca > 0 && npa > 1) lasta = atomicAdd(done + ia * qh + ha, ca) + ca == npa;
+            if (cb > 0 && npb > 1) lastb = atomicAdd(done + ib * qh + hb, cb) + cb == npb;
         }
         last_a = __ballot_sync(FULL_MASK, lasta);
         last_b = __ballot_sync(FULL_MASK, lastb);

@@ -15,6 +15,8 @@
 //! this feature runs on a machine without CUDA, where [`CudaDevice::open`] returns
 //! [`ModelError::Device`].
 
+#[cfg(test)]
+mod attend_tests;
 mod cache;
 mod device;
 mod fault;

@@ -40,11 +40,12 @@ pub(super) const MATVEC1_WARPS: u32 = 16;
 /// same either way.
 pub(super) const MATVEC1_OUTS: u32 = 1;
 /// How a source's decode matvec (`matvec1_F`) and attention are launched: its `OUTS1`,
-/// `MATVEC1_WARPS`, `ATTEND_WARPS` and `ATILE_GROUPS`, read from the source being compiled, so that a kernel
-/// developer's source (`MTPLX_CUDA_KERNELS`) with other values is launched by its own (the
-/// built-in source's are [`MATVEC1_OUTS`], [`MATVEC1_WARPS`], [`ATTEND_WARPS`] and
-/// [`ATTEND_TILE_GROUPS`], a test
-/// holds them equal). A source that does not define one gets the built-in value.
+/// `MATVEC1_WARPS`, `ATTEND_WARPS`, `ATILE_GROUPS` and `AMMA_SPAN`, read from the source
+/// being compiled, so that a kernel developer's source (`MTPLX_CUDA_KERNELS`) with other
+/// values is launched by its own (the built-in source's are [`MATVEC1_OUTS`],
+/// [`MATVEC1_WARPS`], [`ATTEND_WARPS`], [`ATTEND_TILE_GROUPS`] and [`ATTEND_MMA_SPAN`], a
+/// test holds them equal). A source that does not define one gets the built-in value, but
+/// for `AMMA_SPAN`: 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct LaunchShape {
     pub outs: u32,
@@ -52,6 +53,9 @@ pub(super) struct LaunchShape {
     pub attend_warps: u32,
     /// Groups of `attend_warps` warps an attention tile block runs (`attend_tile_h`).
     pub tile_groups: u32,
+    /// The most parts a tensor-core attention block may take (`AMMA_SPAN`): 1 for a source
+    /// that does not define it, written when a block took one part.
+    pub attend_span: u32,
 }
 
 impl LaunchShape {
@@ -68,6 +72,7 @@ impl LaunchShape {
             warps: read("MATVEC1_WARPS", MATVEC1_WARPS)?,
             attend_warps: read("ATTEND_WARPS", ATTEND_WARPS)?,
             tile_groups: read("ATILE_GROUPS", ATTEND_TILE_GROUPS)?,
+            attend_span: read("AMMA_SPAN", 1)?,
         };
         // A tile block's groups each take a named barrier (1 .. 15), and it has at most
         // 1,024 threads.
@@ -106,6 +111,10 @@ pub(crate) const ATTEND_TILE_ROWS: usize = 16;
 /// developer's source may set its own, see [`LaunchShape`]): each takes the block's (row,
 /// head) pairs in turn.
 pub(super) const ATTEND_TILE_GROUPS: u32 = 8;
+/// The most parts a tensor-core attention block takes (`AMMA_SPAN`; read from the source
+/// like the rest of [`LaunchShape`], so only its tests name it).
+#[cfg(test)]
+pub(super) const ATTEND_MMA_SPAN: u32 = 8;
 /// From this many query rows attention takes `attend_tile_h` (the same bits as `attend_h`,
 /// so the choice is speed only): a decode step or verify block keeps a block per row.
 pub(crate) const ATTEND_TILE_FROM: usize = 16;
@@ -288,8 +297,16 @@ mod tests {
                 warps: MATVEC1_WARPS,
                 attend_warps: ATTEND_WARPS,
                 tile_groups: ATTEND_TILE_GROUPS,
+                attend_span: ATTEND_MMA_SPAN,
             }
         );
+        // A source from before blocks took several parts is launched a block a part.
+        let before_spans = SOURCE
+            .lines()
+            .filter(|l| !l.starts_with("#define AMMA_SPAN "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(LaunchShape::of(&before_spans).unwrap().attend_span, 1);
         // Another source's values, each line replaced whatever the built-in value is.
         let with = |name: &str, value: &str| -> String {
             SOURCE
@@ -321,6 +338,7 @@ mod tests {
                 warps: 5,
                 attend_warps: 7,
                 tile_groups: 3,
+                attend_span: ATTEND_MMA_SPAN,
             }
         );
         // 8 groups of 7 warps would be 1,792 threads; 16 groups, more named barriers.

@@ -42,6 +42,24 @@ pub(crate) enum AttendPath {
     PerRow,
 }
 
+/// Blocks a tensor-core attention launch wants at least, a multiprocessor: below it, the
+/// blocks each take one part.
+const BLOCKS_A_MULTIPROCESSOR: usize = 8;
+
+/// The parts each block of a tensor-core attention launch takes, one after another, for
+/// `count` parts and `others` blocks a part (row blocks × KV heads) on `sms`
+/// multiprocessors: the most, up to `span`, that still leaves the launch
+/// [`BLOCKS_A_MULTIPROCESSOR`] blocks a multiprocessor, so that a long context's blocks pay
+/// their prologue, their publishing and their count fewer times while the device stays
+/// full; else 1. (No bit depends on it: each part is computed alone into its own slot.)
+fn parts_a_block(count: usize, others: usize, sms: usize, span: usize) -> usize {
+    let want = BLOCKS_A_MULTIPROCESSOR * sms;
+    (1..=span.max(1))
+        .rev()
+        .find(|&per| others * count.div_ceil(per) >= want)
+        .unwrap_or(1)
+}
+
 impl MmaAttend {
     /// The kernel for a launch of `n` rows of `g` query heads a KV head, and the (row, head)
     /// pairs a block of it takes: one tile, its warps sharing the tile's work (the same
@@ -102,6 +120,14 @@ impl CudaDevice {
         )
     }
 
+    /// Makes each tensor-core attention block take `per` parts (at most the source's
+    /// span; 0: the launch's own choice), as a long context on a large device does.
+    #[cfg(test)]
+    pub(crate) fn force_attend_span(&self, per: usize) {
+        self.attend_span
+            .store(per, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// [`Self::attend`] on tensor cores: launches of up to [`ATTEND_ROWS`] rows, a block per
     /// [`ATTEND_MMA_PAIRS`] (row, head) pairs of a KV head and part, or one block for a
     /// launch of at most [`ATTEND_MMA_TILE_PAIRS`] pairs.
@@ -133,11 +159,23 @@ impl CudaDevice {
         let (func, pairs) = mma.launch_for(qh / kvh, n);
         let rows_per_block = pairs / (qh / kvh);
         let count = max_len.div_ceil(ATTEND_KEYS);
+        let span = crate::cuda::switches::count(
+            "MTPLX_CUDA_ATTEND_SPAN",
+            self.k.shape.attend_span as usize,
+            1..=self.k.shape.attend_span as usize,
+        );
         let (qhi, kvhi, li, pi) = (qh as i32, kvh as i32, layer as i32, count as i32);
         let mut r0 = 0;
         while r0 < n {
             let rows_now = (n - r0).min(ATTEND_ROWS);
             let (r0i, rows_i) = (r0 as i32, rows_now as i32);
+            let others = rows_now.div_ceil(rows_per_block) * kvh;
+            #[allow(unused_mut)]
+            let mut per = parts_a_block(count, others, self.k.sms, span);
+            #[cfg(test)]
+            if let forced @ 1.. = self.attend_span.load(std::sync::atomic::Ordering::Relaxed) {
+                per = forced.min(span);
+            }
             let mut b = self.stream.launch_builder(func);
             b.arg(q)
                 .arg(kv)
@@ -156,7 +194,7 @@ impl CudaDevice {
                 grid_dim: (
                     rows_now.div_ceil(rows_per_block) as u32,
                     kvh as u32,
-                    count as u32,
+                    count.div_ceil(per) as u32,
                 ),
                 block_dim: (32 * ATTEND_MMA_WARPS, 1, 1),
                 shared_mem_bytes: attend_mma_shared(hd) as u32,
@@ -290,5 +328,26 @@ impl CudaDevice {
             r0 += rows_now;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parts_a_block;
+
+    /// A long prefill chunk's launch (4 row blocks × 8 KV heads, 128 parts at 32K) gives
+    /// its blocks several parts and still fills an H100's 132 multiprocessors eight times;
+    /// a decode step at 32K (8 blocks a part), a 4K context or a one-part span keeps a block
+    /// a part; a block never takes more than the span.
+    #[test]
+    fn long_contexts_give_a_block_several_parts_while_the_device_stays_full() {
+        assert_eq!(parts_a_block(128, 32, 132, 8), 3);
+        assert!(32 * 128usize.div_ceil(3) >= 8 * 132);
+        assert_eq!(parts_a_block(136, 8, 132, 8), 1);
+        assert_eq!(parts_a_block(16, 32, 132, 8), 1);
+        assert_eq!(parts_a_block(128, 32, 132, 1), 1);
+        assert_eq!(parts_a_block(1024, 32, 132, 8), 8);
+        assert_eq!(parts_a_block(128, 32, 132, 0), 1);
+        assert_eq!(parts_a_block(0, 32, 132, 8), 1);
     }
 }
