@@ -1,0 +1,112 @@
+//! A diagnostic, not a result: how fast a decode step's product (one row of x, 8-bit
+//! activations where the format has them) streams each weight format from memory, on
+//! Qwen2.5-0.5B's shapes, against a plain read of as many bytes, through the same pool
+//! (`MTPLX_THREADS`). Each format's matrices are rotated over copies past the caches.
+//!
+//!     cargo run --release -p mtplx-model --example stream_formats
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use candle_core::quantized::QTensor;
+use candle_core::{Device, Tensor};
+use mtplx_model::kernels::{Activations, Pool, QuantFormat, QuantMatrix};
+
+fn weights(rows: usize, cols: usize, seed: u32) -> Tensor {
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|i| {
+            let h = (i as u32 ^ seed).wrapping_mul(2_654_435_761);
+            (h >> 8) as f32 / (1u32 << 24) as f32 * 0.2 - 0.1
+        })
+        .collect();
+    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+}
+
+fn main() {
+    let pool = Pool::global();
+    // (what, format, rows, cols, copies): copies enough to pass the caches.
+    let cases = [
+        (
+            "head 151936x896",
+            QuantFormat::Q8_0,
+            151_936usize,
+            896usize,
+            1usize,
+        ),
+        ("one 116736x896", QuantFormat::Q5_0, 116_736, 896, 1),
+        ("one 116736x896", QuantFormat::Q8_0, 116_736, 896, 1),
+        ("gate/up 4864x896", QuantFormat::Q8_0, 4864, 896, 24),
+        ("gate/up 4864x896", QuantFormat::Q5_0, 4864, 896, 24),
+        ("q/o 896x896", QuantFormat::Q5_0, 896, 896, 96),
+        ("down 896x4864", QuantFormat::Q4K, 896, 4864, 24),
+        ("down 896x4864", QuantFormat::Q6K, 896, 4864, 24),
+    ];
+    // An argument picks the formats whose name contains it (e.g. `Q5_0`, to profile one).
+    let only = std::env::args().nth(1);
+    for (what, format, rows, cols, copies) in cases {
+        if only
+            .as_ref()
+            .is_some_and(|o| !format!("{format:?}").contains(o.as_str()))
+        {
+            continue;
+        }
+        // `COPIES=1` keeps one matrix in the caches: the kernel's own speed.
+        let copies = std::env::var("COPIES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(copies);
+        let mats: Vec<(QuantMatrix, usize)> = (0..copies)
+            .map(|c| {
+                let q = QTensor::quantize(
+                    &weights(rows, cols, c as u32 + 1),
+                    mtplx_model::kernels::ggml_dtype(format),
+                )
+                .unwrap();
+                let bytes = q.storage_size_in_bytes();
+                let m = mtplx_model::kernels::from_qtensor_with(&q, Activations::Q8).unwrap();
+                (m, bytes)
+            })
+            .collect();
+        let bytes: usize = mats.iter().map(|m| m.1).sum();
+        let x: Vec<f32> = (0..cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let mut y = vec![0f32; rows];
+        let mut best = f64::MAX;
+        let reps: usize = std::env::var("REPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(12);
+        for _ in 0..reps {
+            let t = Instant::now();
+            for (m, _) in &mats {
+                m.matmul(black_box(&x), 1, &mut y);
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        // A plain read of as many bytes, split over the pool's threads.
+        let buf: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+        let threads = pool.threads();
+        let mut read_best = f64::MAX;
+        for _ in 0..12 {
+            let t = Instant::now();
+            let part = buf.len() / threads;
+            pool.run(threads, &|p| {
+                black_box(
+                    buf[p * part..(p + 1) * part]
+                        .iter()
+                        .fold(0u64, |a, &b| a ^ b),
+                );
+            });
+            read_best = read_best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "{what:18} {format:?} x{copies}: {:6.1} MB  product {:6.2} ms = {:5.1} GB/s   read {:5.1} GB/s   ({:.0}%)",
+            bytes as f64 / 1e6,
+            best * 1e3,
+            bytes as f64 / best / 1e9,
+            bytes as f64 / read_best / 1e9,
+            read_best / best * 100.0
+        );
+    }
+}
