@@ -48,6 +48,10 @@ use mtplx_kv::{CacheFactory, KvCache, Sequence};
 use mtplx_model::kernels::{Pool, QuantMatrix};
 use mtplx_model::{prefill, LanguageModel, Model, Want, WeightFormat};
 
+#[path = "common/seeded.rs"]
+mod seeded;
+use seeded::{activations, weights};
+
 /// (name, rows, cols, format) of the products of one layer, then the head.
 const LAYER: [(&str, usize, usize); 4] = [
     ("qkv_960x576", 960, 576),
@@ -57,22 +61,6 @@ const LAYER: [(&str, usize, usize); 4] = [
 ];
 const HEAD: (&str, usize, usize) = ("head_49152x576", 49152, 576);
 const LAYERS: usize = 30;
-
-fn weights(rows: usize, cols: usize, seed: u32) -> Tensor {
-    let v: Vec<f32> = (0..rows * cols)
-        .map(|i| {
-            let h = (i as u32 ^ seed).wrapping_mul(2_654_435_761);
-            (h >> 8) as f32 / (1u32 << 24) as f32 * 0.2 - 0.1
-        })
-        .collect();
-    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
-}
-
-fn activations(n: usize, cols: usize) -> Vec<f32> {
-    (0..n * cols)
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-        .collect()
-}
 
 /// One weight matrix, as each contender keeps it.
 struct Mat {

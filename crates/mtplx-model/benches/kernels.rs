@@ -20,6 +20,10 @@ use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use mtplx_model::kernels::{Activations, Pool, QuantFormat, QuantMatrix};
 
+#[path = "common/seeded.rs"]
+mod seeded;
+use seeded::{activations, weights};
+
 const SHAPES: [(&str, usize, usize); 5] = [
     ("576x576", 576, 576),
     ("576to192", 192, 576),
@@ -27,22 +31,6 @@ const SHAPES: [(&str, usize, usize); 5] = [
     ("1536to576", 576, 1536),
     ("576to49152", 49152, 576),
 ];
-
-fn weights(rows: usize, cols: usize, seed: u32) -> Tensor {
-    let v: Vec<f32> = (0..rows * cols)
-        .map(|i| {
-            let h = (i as u32 ^ seed).wrapping_mul(2_654_435_761);
-            (h >> 8) as f32 / (1u32 << 24) as f32 * 0.2 - 0.1
-        })
-        .collect();
-    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
-}
-
-fn activations(n: usize, cols: usize) -> Vec<f32> {
-    (0..n * cols)
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-        .collect()
-}
 
 struct Contenders {
     ours: QuantMatrix,

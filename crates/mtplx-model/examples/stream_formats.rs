@@ -9,18 +9,11 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use candle_core::quantized::QTensor;
-use candle_core::{Device, Tensor};
 use mtplx_model::kernels::{Activations, Pool, QuantFormat, QuantMatrix};
 
-fn weights(rows: usize, cols: usize, seed: u32) -> Tensor {
-    let v: Vec<f32> = (0..rows * cols)
-        .map(|i| {
-            let h = (i as u32 ^ seed).wrapping_mul(2_654_435_761);
-            (h >> 8) as f32 / (1u32 << 24) as f32 * 0.2 - 0.1
-        })
-        .collect();
-    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
-}
+#[path = "../benches/common/seeded.rs"]
+mod seeded;
+use seeded::{activations, weights};
 
 fn main() {
     let pool = Pool::global();
@@ -68,9 +61,7 @@ fn main() {
             })
             .collect();
         let bytes: usize = mats.iter().map(|m| m.1).sum();
-        let x: Vec<f32> = (0..cols)
-            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-            .collect();
+        let x = activations(1, cols);
         let mut y = vec![0f32; rows];
         let mut best = f64::MAX;
         let reps: usize = std::env::var("REPS")
