@@ -55,6 +55,27 @@ impl Attention<'_> {
     }
 }
 
+/// One layer's `f16` cache of `len` positions, K and V drawn from `rng` (K's rows first),
+/// and its addresses on the device.
+fn random_f16_cache(
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    len: usize,
+    (kvh, hd): (usize, usize),
+) -> (CudaKvCache, CudaSlice<u64>) {
+    let shape = KvShape {
+        layers: 1,
+        kv_heads: kvh,
+        head_dim: hd,
+    };
+    let k: Vec<f32> = (0..len * kvh * hd).map(|_| rng.unit()).collect();
+    let v: Vec<f32> = (0..len * kvh * hd).map(|_| rng.unit()).collect();
+    let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
+    cache.append(0, &k, &v).unwrap();
+    let kv = dev.upload(&cache.addresses()).unwrap();
+    (cache, kv)
+}
+
 /// A prefill chunk's attention over an `f16` cache (on sm_80 and later the tensor cores'
 /// `attend_mma`, whose tiles hold 16 (row, head) pairs; before, `attend_tile_h` from 16
 /// rows) gives each row the bits that row gets alone (a decode step): rows whose context
@@ -74,17 +95,7 @@ fn prefill_attention_tiles_give_each_rows_decode_bits() {
     ] {
         assert_tensor_cores_where_built(&dev, (qh, kvh, hd));
         let len = 1600;
-        let shape = KvShape {
-            layers: 1,
-            kv_heads: kvh,
-            head_dim: hd,
-        };
-        let row = kvh * hd;
-        let k: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
-        let v: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
-        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
-        cache.append(0, &k, &v).unwrap();
-        let kv = dev.upload(&cache.addresses()).unwrap();
+        let (_cache, kv) = random_f16_cache(&dev, &mut rng, len, (kvh, hd));
         let scale = 1.0 / (hd as f32).sqrt();
         for (row0, n) in [(0usize, 70usize), (200, 70), (1500, 40)] {
             let q: Vec<f32> = (0..n * qh * hd).map(|_| rng.unit() * 4.0).collect();
@@ -127,17 +138,7 @@ fn a_block_of_several_parts_gives_each_parts_bits() {
     for (qh, kvh, hd) in [(8usize, 2usize, 128usize), (9, 3, 64)] {
         assert_tensor_cores_where_built(&dev, (qh, kvh, hd));
         let len = 4700;
-        let shape = KvShape {
-            layers: 1,
-            kv_heads: kvh,
-            head_dim: hd,
-        };
-        let row = kvh * hd;
-        let k: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
-        let v: Vec<f32> = (0..len * row).map(|_| rng.unit()).collect();
-        let mut cache = CudaKvCache::new(dev.clone(), shape, KvDtype::F16);
-        cache.append(0, &k, &v).unwrap();
-        let kv = dev.upload(&cache.addresses()).unwrap();
+        let (_cache, kv) = random_f16_cache(&dev, &mut rng, len, (kvh, hd));
         let (row0, n) = (4600, 100);
         let q: Vec<f32> = (0..n * qh * hd).map(|_| rng.unit() * 4.0).collect();
         let at = Attention {

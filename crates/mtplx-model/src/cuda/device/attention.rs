@@ -128,6 +128,18 @@ impl CudaDevice {
             .store(per, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The parts a block takes where a test set them ([`Self::force_attend_span`]).
+    #[cfg(test)]
+    fn forced_attend_span(&self) -> Option<usize> {
+        Some(self.attend_span.load(std::sync::atomic::Ordering::Relaxed)).filter(|&p| p > 0)
+    }
+
+    /// None outside the tests: the launch chooses.
+    #[cfg(not(test))]
+    fn forced_attend_span(&self) -> Option<usize> {
+        None
+    }
+
     /// [`Self::attend`] on tensor cores: launches of up to [`ATTEND_ROWS`] rows, a block per
     /// [`ATTEND_MMA_PAIRS`] (row, head) pairs of a KV head and part, or one block for a
     /// launch of at most [`ATTEND_MMA_TILE_PAIRS`] pairs.
@@ -170,12 +182,10 @@ impl CudaDevice {
             let rows_now = (n - r0).min(ATTEND_ROWS);
             let (r0i, rows_i) = (r0 as i32, rows_now as i32);
             let others = rows_now.div_ceil(rows_per_block) * kvh;
-            #[allow(unused_mut)]
-            let mut per = parts_a_block(count, others, self.k.sms, span);
-            #[cfg(test)]
-            if let forced @ 1.. = self.attend_span.load(std::sync::atomic::Ordering::Relaxed) {
-                per = forced.min(span);
-            }
+            let per = self.forced_attend_span().map_or_else(
+                || parts_a_block(count, others, self.k.sms, span),
+                |f| f.min(span),
+            );
             let mut b = self.stream.launch_builder(func);
             b.arg(q)
                 .arg(kv)
