@@ -504,40 +504,6 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod zmm;
 
-/// How many key blocks ahead of the one being folded the kernel prefetches: 0, the block
-/// itself, measured fastest (`attend_decode` at 6,500 positions on a 2-core Zen3, one and
-/// two threads: 1-2 blocks ahead 10-20% slower, 4-16 ahead into L2 slower still): the
-/// requests for all of the block's lines go out at once, more misses in flight than the
-/// fold's own loads make, while further ahead they only displace lines still in use.
-const PREFETCH_BLOCKS: usize = 0;
-
-/// Prefetches the elements `off..off + len` (the item's KV heads) of the first
-/// [`ATTN_BLOCK`] K and V rows (`row` elements each) of a run (fewer if the run is
-/// shorter), one hint per cache line. A hint
-/// only: no result depends on it.
-#[inline(always)]
-fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let size = std::mem::size_of::<E>();
-        let rows = (ks.len() / row).min(ATTN_BLOCK);
-        for j in 0..rows {
-            let (k, v) = (&ks[j * row + off..][..len], &vs[j * row + off..][..len]);
-            for at in (0..len * size).step_by(64) {
-                // SAFETY: `_mm_prefetch` is SSE (every x86_64 CPU); the addresses are inside
-                // the slices, and a prefetch never faults or changes memory anyway.
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>((k.as_ptr() as *const i8).add(at));
-                    _mm_prefetch::<_MM_HINT_T0>((v.as_ptr() as *const i8).add(at));
-                }
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ks, vs, row, off, len);
-}
-
 /// `dst = src` widened; `F16C`: the caller runs with AVX2 and F16C enabled (its
 /// conversions then inline here).
 #[inline(always)]
@@ -600,6 +566,9 @@ unsafe fn item<S: RowSource + ?Sized, const F16C: bool, const ZMM: bool>(
     let mut vrows: [&[S::Elem]; ATTN_BLOCK] = [&[]; ATTN_BLOCK];
     let last = pos_of(nt - 1).min(it.keys.end - 1);
     let mut start = it.keys.start;
+    // Whether the fold of the block before asked for this one's rows.
+    #[cfg(target_arch = "x86_64")]
+    let mut asked = false;
     while start <= last {
         let nb = ATTN_BLOCK.min(last + 1 - start);
         // Query heads whose position is before the block are done: in each KV head's run
@@ -619,12 +588,18 @@ unsafe fn item<S: RowSource + ?Sized, const F16C: bool, const ZMM: bool>(
                 acc[t * hd..(t + 1) * hd].fill(0.0);
             }
         }
-        // Ask for the block's rows (or some ahead) now: a decode step streams keys from
-        // memory, and the fold reads a head's slice of each row (a strided read).
-        let ahead = start + PREFETCH_BLOCKS * ATTN_BLOCK;
-        if ahead + ATTN_BLOCK <= last + 1 {
-            if let Some((ks, vs)) = src.run(ahead) {
-                prefetch_rows(ks, vs, row, it.kvh * hde, it.heads * hde);
+        // A decode step streams keys from memory. A block folded whole asks for the next
+        // block's rows as it folds its values (`x86::Ahead`: the requests spread over the
+        // block's work, so the fold's own loads are not queued behind them); any other
+        // block is asked for here, all of its lines at once, as its fold starts. (Measured,
+        // `attend_decode` at 6,500 positions, SmolLM2, 2 threads, Zen 5: 7.9-8.2 ms a step
+        // with every block asked for at its start, 5.5-5.7 spread over the previous block;
+        // spread two blocks ahead 6.7-7.2; one block ahead in one burst was 10-20% slower
+        // than at its start on a Zen 3.)
+        #[cfg(target_arch = "x86_64")]
+        if !asked && start + ATTN_BLOCK <= last + 1 {
+            if let Some((ks, vs)) = src.run(start) {
+                x86::prefetch_rows(ks, vs, row, it.kvh * hde, it.heads * hde);
             }
         }
         let run = src.run(start).filter(|(ks, _)| ks.len() >= nb * row);
@@ -639,8 +614,25 @@ unsafe fn item<S: RowSource + ?Sized, const F16C: bool, const ZMM: bool>(
         // tile's, or a decode step's when many share a KV head), all of the block's work is
         // done in registers ([`x86::block_fused`]), [`WHOLE_GROUP`] query heads at a time.
         let whole = transposed && active < nvk && pos_of(active) >= start + ATTN_BLOCK - 1;
+        // The next block, when whole, for the folds below to ask for.
+        #[cfg(target_arch = "x86_64")]
+        let next = match whole && start + 2 * ATTN_BLOCK <= last + 1 {
+            true => src
+                .run(start + ATTN_BLOCK)
+                .filter(|(ks, _)| ks.len() >= ATTN_BLOCK * row),
+            false => None,
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            asked = next.is_some();
+        }
         for band in (0..it.heads).filter(|_| active < nvk) {
             let off = (it.kvh + band) * hde;
+            #[cfg(target_arch = "x86_64")]
+            let ahead = match next {
+                Some((ks, vs)) => x86::Ahead::rows(&ks[off..], &vs[off..], row, hde),
+                None => x86::Ahead::NONE,
+            };
             // A whole block folded in registers ([`x86::block_fused`]) by the `take` query
             // heads from `t0` (query head `t0 + r`: its softmax state and accumulator),
             // reading the rows through `$k` and `$v`.
@@ -657,9 +649,9 @@ unsafe fn item<S: RowSource + ?Sized, const F16C: bool, const ZMM: bool>(
                     let a = [$(if $r < take { acc.add(t($r) * hd) } else { pad }),+];
                     let qs = [$(&it.q[at_of(t($r))..at_of(t($r)) + hd]),+];
                     if ZMM && zmm::takes::<S::Elem>(hd) {
-                        zmm::block_fused($k, $v, hd, &qs, g.scale, &mut s, a);
+                        zmm::block_fused($k, $v, hd, &qs, g.scale, &mut s, a, ahead);
                     } else {
-                        x86::block_fused($k, $v, hd, &qs, g.scale, &mut s, a);
+                        x86::block_fused($k, $v, hd, &qs, g.scale, &mut s, a, ahead);
                     }
                     for (r, s) in s.into_iter().enumerate().take(take) {
                         st[t0 + r] = State { m: s.m, l: s.l };

@@ -229,6 +229,72 @@ pub(super) struct Softmax {
     pub l: f32,
 }
 
+/// The next key block's rows of the KV head being folded, asked for from memory a row or
+/// two at a time while the values are folded, so the requests go out spread over the
+/// block's work instead of in one burst before it (see `item`'s prefetch). A hint only: no
+/// result depends on it.
+#[derive(Clone, Copy)]
+pub(super) struct Ahead {
+    k: *const u8,
+    v: *const u8,
+    /// Bytes from one row to the next.
+    stride: usize,
+    /// Cache lines of a row's slice of this head (0: nothing to ask for).
+    lines: usize,
+}
+
+impl Ahead {
+    /// Nothing ahead (the last block, or a second call on the same block).
+    pub(super) const NONE: Ahead = Ahead {
+        k: std::ptr::null(),
+        v: std::ptr::null(),
+        stride: 0,
+        lines: 0,
+    };
+
+    /// The block whose rows start at `k` and `v`, `stride` elements apart, `len` elements
+    /// of each row (the head's slice) to ask for.
+    pub(super) fn rows<E>(k: &[E], v: &[E], stride: usize, len: usize) -> Ahead {
+        let size = std::mem::size_of::<E>();
+        Ahead {
+            k: k.as_ptr() as *const u8,
+            v: v.as_ptr() as *const u8,
+            stride: stride * size,
+            lines: (len * size).div_ceil(64),
+        }
+    }
+
+    /// Asks for rows `j` of the block's K and V.
+    #[inline(always)]
+    pub(super) unsafe fn row(self, j: usize) {
+        for l in 0..self.lines {
+            // SAFETY: a prefetch never faults or changes memory; `_mm_prefetch` is SSE.
+            _mm_prefetch::<_MM_HINT_T0>(self.k.wrapping_add(j * self.stride + 64 * l) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(self.v.wrapping_add(j * self.stride + 64 * l) as *const i8);
+        }
+    }
+}
+
+/// Prefetches the elements `off..off + len` (the item's KV heads) of the first [`BLOCK`]
+/// K and V rows (`row` elements each) of a run (fewer if the run is shorter), one hint per
+/// cache line, all at once. A hint only: no result depends on it.
+#[inline(always)]
+pub(super) fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, len: usize) {
+    let size = std::mem::size_of::<E>();
+    let rows = (ks.len() / row).min(BLOCK);
+    for j in 0..rows {
+        let (k, v) = (&ks[j * row + off..][..len], &vs[j * row + off..][..len]);
+        for at in (0..len * size).step_by(64) {
+            // SAFETY: `_mm_prefetch` is SSE (every x86_64 CPU); the addresses are inside
+            // the slices, and a prefetch never faults or changes memory anyway.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>((k.as_ptr() as *const i8).add(at));
+                _mm_prefetch::<_MM_HINT_T0>((v.as_ptr() as *const i8).add(at));
+            }
+        }
+    }
+}
+
 /// [`block_fused_hd`] with the common head dimensions as constants, so that its loops over
 /// the dimensions are counted at compile time (the same operations).
 ///
@@ -244,11 +310,12 @@ pub(super) unsafe fn block_fused<E: KvElem, B: BlockRows<E>, const R: usize>(
     scale: f32,
     st: &mut [Softmax; R],
     acc: [*mut f32; R],
+    ahead: Ahead,
 ) {
     match hd {
-        64 => block_fused_hd(krows, vrows, 64, qs, scale, st, acc),
-        128 => block_fused_hd(krows, vrows, 128, qs, scale, st, acc),
-        _ => block_fused_hd(krows, vrows, hd, qs, scale, st, acc),
+        64 => block_fused_hd(krows, vrows, 64, qs, scale, st, acc, ahead),
+        128 => block_fused_hd(krows, vrows, 128, qs, scale, st, acc, ahead),
+        _ => block_fused_hd(krows, vrows, hd, qs, scale, st, acc, ahead),
     }
 }
 
@@ -263,6 +330,7 @@ pub(super) unsafe fn block_fused<E: KvElem, B: BlockRows<E>, const R: usize>(
 /// AVX2, FMA and F16C are enabled in the caller; every key and value row and every query
 /// holds `hd` (a multiple of 8) values; every `acc[r]` holds `hd`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn block_fused_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
     krows: &B,
     vrows: &B,
@@ -271,6 +339,7 @@ unsafe fn block_fused_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
     scale: f32,
     st: &mut [Softmax; R],
     acc: [*mut f32; R],
+    ahead: Ahead,
 ) {
     let s = scores_fused(krows, hd, qs, scale);
     let mut p = [[0f32; BLOCK]; R];
@@ -297,7 +366,12 @@ unsafe fn block_fused_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
             st[r].l += pj;
         }
     }
-    for d0 in (0..hd / 8).map(|c| c * 8) {
+    let passes = hd / 8;
+    for (pass, d0) in (0..passes).map(|i| (i, i * 8)) {
+        // The next block's rows, spread over the passes (all sixteen by the last).
+        for j in pass * BLOCK / passes..(pass + 1) * BLOCK / passes {
+            ahead.row(j);
+        }
         let mut a = [_mm256_setzero_ps(); R];
         for r in 0..R {
             a[r] = _mm256_loadu_ps(acc[r].add(d0));

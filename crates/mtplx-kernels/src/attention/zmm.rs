@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::block::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAGIC, EXP_POLY};
-use super::x86::{exp8, BlockRows, Softmax};
+use super::x86::{exp8, Ahead, BlockRows, Softmax};
 use crate::elem::{KvDtype, KvElem};
 
 /// Keys in a block (the kernel's `ATTN_BLOCK`).
@@ -192,15 +192,17 @@ pub(super) unsafe fn block_fused<E: KvElem, B: BlockRows<E>, const R: usize>(
     scale: f32,
     st: &mut [Softmax; R],
     acc: [*mut f32; R],
+    ahead: Ahead,
 ) {
     match hd {
-        64 => block_hd(krows, vrows, 64, qs, scale, st, acc),
-        128 => block_hd(krows, vrows, 128, qs, scale, st, acc),
-        _ => block_hd(krows, vrows, hd, qs, scale, st, acc),
+        64 => block_hd(krows, vrows, 64, qs, scale, st, acc, ahead),
+        128 => block_hd(krows, vrows, 128, qs, scale, st, acc, ahead),
+        _ => block_hd(krows, vrows, hd, qs, scale, st, acc, ahead),
     }
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn block_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
     krows: &B,
     vrows: &B,
@@ -209,6 +211,7 @@ unsafe fn block_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
     scale: f32,
     st: &mut [Softmax; R],
     acc: [*mut f32; R],
+    ahead: Ahead,
 ) {
     debug_assert!(takes::<E>(hd) && qs.iter().all(|q| q.len() >= hd));
     let steps = Steps::new();
@@ -243,7 +246,7 @@ unsafe fn block_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
     }
     // Four heads at a time (more would not stay in registers).
     if R <= 4 {
-        values::<E, B, R>(vrows, hd, &p, c, rescale, acc);
+        values::<E, B, R>(vrows, hd, &p, c, rescale, acc, ahead);
     } else {
         for h0 in (0..R).step_by(4) {
             if R - h0 >= 4 {
@@ -255,10 +258,19 @@ unsafe fn block_hd<E: KvElem, B: BlockRows<E>, const R: usize>(
                     std::array::from_fn(|h| c[pick(h)]),
                     std::array::from_fn(|h| rescale[pick(h)]),
                     std::array::from_fn(|h| acc[pick(h)]),
+                    if h0 == 0 { ahead } else { Ahead::NONE },
                 );
             } else {
                 for h in h0..R {
-                    values::<E, B, 1>(vrows, hd, &[p[h]], [c[h]], [rescale[h]], [acc[h]]);
+                    values::<E, B, 1>(
+                        vrows,
+                        hd,
+                        &[p[h]],
+                        [c[h]],
+                        [rescale[h]],
+                        [acc[h]],
+                        Ahead::NONE,
+                    );
                 }
             }
         }
@@ -279,14 +291,18 @@ unsafe fn values<E: KvElem, B: BlockRows<E>, const H: usize>(
     c: [f32; H],
     rescale: [bool; H],
     acc: [*mut f32; H],
+    ahead: Ahead,
 ) {
     let chunks = hd / 16;
     for c0 in (0..chunks).step_by(4) {
+        // The next block's rows during the first pass over the keys.
+        let ahead = if c0 == 0 { ahead } else { Ahead::NONE };
         if chunks - c0 >= 4 {
-            value_chunks::<E, B, H, 4>(vrows, c0, p, c, rescale, acc);
+            value_chunks::<E, B, H, 4>(vrows, c0, p, c, rescale, acc, ahead);
         } else {
             for ch in c0..chunks {
-                value_chunks::<E, B, H, 1>(vrows, ch, p, c, rescale, acc);
+                let ahead = if ch == c0 { ahead } else { Ahead::NONE };
+                value_chunks::<E, B, H, 1>(vrows, ch, p, c, rescale, acc, ahead);
             }
         }
     }
@@ -302,6 +318,7 @@ unsafe fn value_chunks<E: KvElem, B: BlockRows<E>, const H: usize, const N: usiz
     c: [f32; H],
     rescale: [bool; H],
     acc: [*mut f32; H],
+    ahead: Ahead,
 ) {
     let mut a = [[_mm512_setzero_ps(); N]; H];
     for r in 0..H {
@@ -313,6 +330,7 @@ unsafe fn value_chunks<E: KvElem, B: BlockRows<E>, const H: usize, const N: usiz
         }
     }
     for j in 0..BLOCK {
+        ahead.row(j);
         let mut v = [_mm512_setzero_ps(); N];
         for ch in 0..N {
             let at = vrows.row(j).add((c0 + ch) * 16);
