@@ -9,8 +9,9 @@
 //!   `MTPLX_THREADS` set to the same thread count: prefill of `p` tokens into an empty
 //!   cache in chunks of 512 (llama-bench's micro-batch), decode of `n` tokens from an empty
 //!   context (llama-bench's `tg`), mean of `reps` runs after one warm-up.
-//! - Memory bandwidth is measured here (all threads summing a 1 GiB buffer), and decode is
-//!   reported as GB/s of weights streamed: the model's weight bytes × tokens per second.
+//! - Memory bandwidth is measured by the same release process (the kernel pool's threads
+//!   reading a 1 GiB buffer), and decode is reported as GB/s of weights streamed: the
+//!   model's weight bytes × tokens per second.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -153,12 +154,12 @@ pub fn run(model: &Path, args: &PeerArgs) -> Result<()> {
         return Ok(());
     }
     let bench = ensure_llama("llama-bench")?;
-    let bandwidth = measure_bandwidth(args.threads);
+    let (ours, weight_bytes) = mtplx_in_release(model, args)?;
+    let bandwidth = ours.get(READ_GBS).context("no read bandwidth from mtplx")?;
     eprintln!(
         "[peer] memory bandwidth ({} threads): {bandwidth:.1} GB/s",
         args.threads
     );
-    let (ours, weight_bytes) = mtplx_in_release(model, args)?;
     let theirs = run_llama_bench(&bench, model, args)?;
     let tests: Vec<String> = args
         .prompts
@@ -548,43 +549,50 @@ fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)>
         eprintln!("[peer] mtplx tg{n}@{d}: {tps:.1} tok/s");
         figures.0.push((format!("tg{n}@{d}"), tps));
     }
+    // What a decode step reads besides the weights, and what the memory gives, for the
+    // bound (`peer --server`'s table): K/V bytes a cached token, a recurrent state's bytes.
+    figures.0.push((
+        KV_BYTES.into(),
+        shape.kv.bytes_per_token(args.kv_dtype) as f64,
+    ));
+    figures
+        .0
+        .push((STATE_BYTES.into(), shape.recurrent_bytes() as f64));
+    let gbs = read_bandwidth();
+    eprintln!("[peer] mtplx's pool reads {gbs:.1} GB/s");
+    figures.0.push((READ_GBS.into(), gbs));
     Ok((figures, model.weight_bytes()))
 }
 
-/// Read bandwidth in GB/s: `threads` threads summing disjoint parts of a 1 GiB buffer, best
-/// of three passes.
-fn measure_bandwidth(threads: usize) -> f64 {
+/// The release measurement's figure names: the read bandwidth (GB/s), K/V bytes a cached
+/// token, a recurrent state's bytes.
+pub(crate) const READ_GBS: &str = "read_gbs";
+pub(crate) const KV_BYTES: &str = "kv_bytes_per_token";
+pub(crate) const STATE_BYTES: &str = "state_bytes";
+
+/// Read bandwidth in GB/s as the kernels see it: the kernel pool's threads (`MTPLX_THREADS`)
+/// each folding its part of a 1 GiB buffer, best of five passes. Measured in the release
+/// process beside the model's own figures (`--mtplx-only`): the debug xtask's summing loop
+/// had read 34.6 GB/s where this machine's kernels streamed 37-42.
+fn read_bandwidth() -> f64 {
+    let pool = mtplx_kernels::pool::Pool::global();
     let words = (1usize << 30) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
-    let threads = threads.max(1);
-    let mut best = 0f64;
-    for _ in 0..3 {
+    let threads = pool.threads();
+    let part = words / threads;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
         let t = Instant::now();
-        let total: u64 = std::thread::scope(|s| {
-            let handles: Vec<_> = buf
-                .chunks(words.div_ceil(threads))
-                .map(|part| {
-                    s.spawn(move || {
-                        // Eight independent sums so the loop is bound by loads, not adds.
-                        let mut acc = [0u64; 8];
-                        for c in part.chunks_exact(8) {
-                            for (a, x) in acc.iter_mut().zip(c) {
-                                *a = a.wrapping_add(*x);
-                            }
-                        }
-                        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("bandwidth thread"))
-                .fold(0u64, u64::wrapping_add)
+        pool.run(threads, &|p| {
+            std::hint::black_box(
+                buf[p * part..(p + 1) * part]
+                    .iter()
+                    .fold(0u64, |a, &b| a ^ b),
+            );
         });
-        std::hint::black_box(total);
-        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+        best = best.min(t.elapsed().as_secs_f64());
     }
-    best
+    (part * threads * 8) as f64 / best / 1e9
 }
 
 /// `a / b` as a ratio (`1.50x`), or `-` where either is missing or `b` is not positive.

@@ -25,7 +25,10 @@ use anyhow::{Context, Result};
 use mtplx_kv::KvDtype;
 use serde_json::{json, Value};
 
-use crate::peer::{ensure_llama, mtplx_command, run_cmd, workspace_root, Client, PeerArgs};
+use crate::peer::{
+    ensure_llama, mtplx_command, run_cmd, workspace_root, Client, PeerArgs, KV_BYTES, READ_GBS,
+    STATE_BYTES,
+};
 
 /// One context length of one file: the medians the client measured and the engine's decode.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,12 +41,26 @@ struct Row {
     decode_llama: f64,
     /// mtplx's engine in process: decode tok/s after `prompt_tokens` of context.
     decode_engine: Option<f64>,
+    /// The bytes a decode step at this context reads (weights, K/V of `prompt_tokens`
+    /// positions, a recurrent state) and the read bandwidth (GB/s): the best the engine's
+    /// threads measured beside any of the file's contexts (on a shared machine the reads
+    /// swing by a third between minutes; the best is what the memory can give): the
+    /// server's decode as a share of the bound they set.
+    step_bytes: Option<f64>,
+    read_gbs: Option<f64>,
 }
 
 impl Row {
     /// Prefill tok/s from the time to the first token.
     fn prefill(&self, ttft: f64) -> f64 {
         self.prompt_tokens as f64 / ttft.max(1e-9)
+    }
+
+    /// The server's decode over the bandwidth bound (the step's bytes ÷ the read
+    /// bandwidth), where both were measured.
+    fn of_bound(&self) -> Option<f64> {
+        let (bytes, gbs) = (self.step_bytes?, self.read_gbs?);
+        (bytes > 0.0 && gbs > 0.0).then(|| self.decode_mtplx * bytes / (gbs * 1e9))
     }
 }
 
@@ -168,6 +185,10 @@ fn rows_of(measured: &Value) -> Result<Vec<Row>> {
     let table = measured["table"]
         .as_array()
         .context("the client's JSON has no table")?;
+    let best_read = table
+        .iter()
+        .filter_map(|t| t["engine_figures"][READ_GBS].as_f64())
+        .reduce(f64::max);
     table
         .iter()
         .map(|t| {
@@ -183,9 +204,23 @@ fn rows_of(measured: &Value) -> Result<Vec<Row>> {
                 decode_mtplx: f("decode_mtplx")?,
                 decode_llama: f("decode_llama")?,
                 decode_engine: t["decode_engine"].as_f64(),
+                step_bytes: step_bytes(t),
+                read_gbs: best_read,
             })
         })
         .collect()
+}
+
+/// The bytes a decode step reads at a row's context, from the engine's figures there:
+/// weights, K/V of the prompt's positions, a recurrent state.
+fn step_bytes(t: &Value) -> Option<f64> {
+    let e = &t["engine_figures"];
+    let positions = t["prompt_tokens"].as_f64()?;
+    Some(
+        e["weight_bytes"].as_f64()?
+            + e[KV_BYTES].as_f64()? * positions
+            + e[STATE_BYTES].as_f64().unwrap_or(0.0),
+    )
 }
 
 /// The Markdown table: above 1, mtplx is faster; `server/engine` is the share of the
@@ -193,8 +228,9 @@ fn rows_of(measured: &Value) -> Result<Vec<Row>> {
 fn table(rows: &[Row]) -> String {
     let mut s = String::from(
         "| context | prompt tokens | prefill mtplx | prefill llama.cpp | ratio | decode mtplx \
-         | decode llama.cpp | ratio | mtplx engine decode | server / engine |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | decode llama.cpp | ratio | mtplx engine decode | server / engine \
+         | server decode / bound |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for r in rows {
         let (pm, pl) = (r.prefill(r.ttft_mtplx), r.prefill(r.ttft_llama));
@@ -203,7 +239,7 @@ fn table(rows: &[Row]) -> String {
         });
         s.push_str(&format!(
             "| {} | {} | {pm:.1} tok/s ({:.2} s) | {pl:.1} tok/s ({:.2} s) | {:.2}x | {:.1} tok/s \
-             | {:.1} tok/s | {:.2}x | {} tok/s | {} |\n",
+             | {:.1} tok/s | {:.2}x | {} tok/s | {} | {} |\n",
             r.context,
             r.prompt_tokens,
             r.ttft_mtplx,
@@ -214,6 +250,8 @@ fn table(rows: &[Row]) -> String {
             r.decode_mtplx / r.decode_llama,
             engine.0,
             engine.1,
+            r.of_bound()
+                .map_or("-".into(), |b| format!("{:.0}%", 100.0 * b)),
         ));
     }
     s
@@ -245,7 +283,11 @@ fn report(args: &PeerArgs, sections: &[String]) -> String {
          within this run only. The engine column is mtplx's model in process at the same \
          context (no HTTP; the server's paged K/V layout), measured right after the server's \
          rounds at that context, so \
-         `server / engine` is the share of its speed the server keeps. Raw figures: `raw/{}.json`.{}\n\n{}",
+         `server / engine` is the share of its speed the server keeps. The bound is the \
+         bytes a decode step reads at that context (the weights, the K/V of the prompt's \
+         positions, a recurrent state) over the best read bandwidth the engine's threads \
+         measured beside the file's contexts (a 1 GiB buffer, best of five passes each \
+         time); `server decode / bound` is the server's decode over it. Raw figures: `raw/{}.json`.{}\n\n{}",
         args.threads,
         contexts.join(","),
         args.reps,
@@ -308,7 +350,7 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("| 150.0 tok/s | 100.0 tok/s | 1.50x | 200.0 tok/s | 0.75 |"),
+            t.contains("| 150.0 tok/s | 100.0 tok/s | 1.50x | 200.0 tok/s | 0.75 | - |"),
             "{t}"
         );
         assert!(rows_of(&json!({"table": [{"context": 1}]})).is_err());
@@ -317,5 +359,24 @@ mod tests {
             "ttft_mtplx": 1.0, "ttft_llama": 2.0, "decode_mtplx": 150.0,
             "decode_llama": 100.0, "decode_engine": 160.0}]});
         assert_eq!(rows_of(&with_engine).unwrap()[0].decode_engine, Some(160.0));
+        // The bound: 100 MB of weights + 520 positions x 0.1 MB of K/V + 8 MB of state =
+        // 160 MB a step; at 40 GB/s that is 250 tok/s, of which 150 is 60%.
+        let with_bound = json!({"table": [{"context": 500, "prompt_tokens": 520,
+            "ttft_mtplx": 1.0, "ttft_llama": 2.0, "decode_mtplx": 150.0,
+            "decode_llama": 100.0, "engine_figures": {"weight_bytes": 100e6,
+            "kv_bytes_per_token": 0.1e6, "state_bytes": 8e6, "read_gbs": 40.0}}]});
+        let rows = rows_of(&with_bound).unwrap();
+        assert_eq!(rows[0].step_bytes, Some(160e6));
+        assert!((rows[0].of_bound().unwrap() - 0.6).abs() < 1e-12);
+        assert!(table(&rows).ends_with("| 60% |\n"), "{}", table(&rows));
+        // Every row's bound takes the best read of the file's rows: 40 GB/s here, not the
+        // second row's 20.
+        let mut two = with_bound.clone();
+        let mut second = two["table"][0].clone();
+        second["engine_figures"]["read_gbs"] = json!(20.0);
+        two["table"].as_array_mut().unwrap().push(second);
+        let rows = rows_of(&two).unwrap();
+        assert_eq!(rows[1].read_gbs, Some(40.0));
+        assert!((rows[1].of_bound().unwrap() - 0.6).abs() < 1e-12);
     }
 }
