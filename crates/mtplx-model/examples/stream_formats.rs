@@ -1,7 +1,8 @@
 //! A diagnostic, not a result: how fast a decode step's product (one row of x, 8-bit
 //! activations where the format has them) streams each weight format from memory, on
-//! Qwen2.5-0.5B's shapes, against a plain read of as many bytes, through the same pool
-//! (`MTPLX_THREADS`). Each format's matrices are rotated over copies past the caches.
+//! Qwen2.5-0.5B's shapes (and SmolLM2-135M's Q4_1, `f32` activations), against a plain read
+//! of as many bytes, through the same pool (`MTPLX_THREADS`). Each format's matrices are
+//! rotated over copies past the caches.
 //!
 //!     cargo run --release -p mtplx-model --example stream_formats
 
@@ -33,6 +34,10 @@ fn main() {
         ("q/o 896x896", QuantFormat::Q5_0, 896, 896, 96),
         ("down 896x4864", QuantFormat::Q4K, 896, 4864, 24),
         ("down 896x4864", QuantFormat::Q6K, 896, 4864, 24),
+        // SmolLM2-135M's (the default file: Q4_1, `f32` activations).
+        ("s gate/up 1536x576", QuantFormat::Q4_1, 1536, 576, 60),
+        ("s q/o 576x576", QuantFormat::Q4_1, 576, 576, 60),
+        ("s down 576x1536", QuantFormat::Q4_1, 576, 1536, 30),
     ];
     // An argument picks the formats whose name contains it (e.g. `Q5_0`, to profile one).
     let only = std::env::args().nth(1);
@@ -56,7 +61,12 @@ fn main() {
                 )
                 .unwrap();
                 let bytes = q.storage_size_in_bytes();
-                let m = mtplx_model::kernels::from_qtensor_with(&q, Activations::Q8).unwrap();
+                // Q4_1 has no 8-bit path: `f32` activations, as the default file runs.
+                let acts = match format {
+                    QuantFormat::Q4_1 => Activations::F32,
+                    _ => Activations::Q8,
+                };
+                let m = mtplx_model::kernels::from_qtensor_with(&q, acts).unwrap();
                 (m, bytes)
             })
             .collect();
