@@ -244,7 +244,9 @@ pub(super) struct Ahead {
 }
 
 impl Ahead {
-    /// Nothing ahead (the last block, or a second call on the same block).
+    /// Nothing ahead (the block is the last whole one). (A KV head with more than eight
+    /// query heads folds a block in several groups, each asking again: the same lines,
+    /// already on their way.)
     pub(super) const NONE: Ahead = Ahead {
         k: std::ptr::null(),
         v: std::ptr::null(),
