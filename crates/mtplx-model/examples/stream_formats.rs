@@ -61,12 +61,9 @@ fn main() {
                 )
                 .unwrap();
                 let bytes = q.storage_size_in_bytes();
-                // Q4_1 has no 8-bit path: `f32` activations, as the default file runs.
-                let acts = match format {
-                    QuantFormat::Q4_1 => Activations::F32,
-                    _ => Activations::Q8,
-                };
-                let m = mtplx_model::kernels::from_qtensor_with(&q, acts).unwrap();
+                // (Q4_1 has no 8-bit kernel: it keeps `f32` activations, as the default
+                // file runs; `Activations::for_format`.)
+                let m = mtplx_model::kernels::from_qtensor_with(&q, Activations::Q8).unwrap();
                 (m, bytes)
             })
             .collect();

@@ -279,21 +279,14 @@ impl Ahead {
 
 /// Prefetches the elements `off..off + len` (the item's KV heads) of the first [`BLOCK`]
 /// K and V rows (`row` elements each) of a run (fewer if the run is shorter), one hint per
-/// cache line, all at once. A hint only: no result depends on it.
+/// cache line, all at once ([`Ahead`]'s requests, every row now). A hint only: no result
+/// depends on it.
 #[inline(always)]
 pub(super) fn prefetch_rows<E: KvElem>(ks: &[E], vs: &[E], row: usize, off: usize, len: usize) {
-    let size = std::mem::size_of::<E>();
-    let rows = (ks.len() / row).min(BLOCK);
-    for j in 0..rows {
-        let (k, v) = (&ks[j * row + off..][..len], &vs[j * row + off..][..len]);
-        for at in (0..len * size).step_by(64) {
-            // SAFETY: `_mm_prefetch` is SSE (every x86_64 CPU); the addresses are inside
-            // the slices, and a prefetch never faults or changes memory anyway.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>((k.as_ptr() as *const i8).add(at));
-                _mm_prefetch::<_MM_HINT_T0>((v.as_ptr() as *const i8).add(at));
-            }
-        }
+    let ahead = Ahead::rows(&ks[off..], &vs[off..], row, len);
+    for j in 0..(ks.len() / row).min(BLOCK) {
+        // SAFETY: a prefetch never faults; rows `j` lie inside the run.
+        unsafe { ahead.row(j) };
     }
 }
 
