@@ -42,7 +42,7 @@ use crate::pool::Pool;
 
 mod block;
 pub use block::{exp, ATTN_BLOCK};
-use block::{finish, fold, merge, scores, State, GROUP};
+use block::{finish, fold, merge, merge_spans, scores, SpanHead, State, GROUP};
 
 /// Bench-only attention that gives up invariance (see `mtplx-model/benches/invariance_cost.rs`).
 #[doc(hidden)]
@@ -255,30 +255,26 @@ fn attend_on<S: RowSource + ?Sized>(
             let dst = unsafe { part.at((span * units + at) * slot) };
             unsafe { isa.run(src, &item, Dst::Partial(dst), scratch) };
         });
-        for at in 0..units {
-            let item = unit(at, 0..usize::MAX);
-            let hd = g.head_dim;
-            for t in 0..item.len() {
-                let read = |span: usize| {
-                    let base = (span * units + at) * slot + t * (hd + 2);
-                    let st = State {
-                        m: partial[base],
-                        l: partial[base + 1],
-                    };
-                    (st, &partial[base + 2..base + 2 + hd])
-                };
-                let (mut st, first) = read(0);
-                let mut acc = first.to_vec();
-                for span in 1..=item.pos_of(t) / ATTN_SPAN {
-                    let (other, other_acc) = read(span);
-                    merge(&mut st, &mut acc, other, other_acc);
-                }
-                // SAFETY: query head `t` of this item's output row, written by nothing else.
-                let o =
-                    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().add(item.at(t)), hd) };
-                finish(st, &acc, o);
-            }
-        }
+        let hd = g.head_dim;
+        let heads: Vec<SpanHead> = (0..units)
+            .flat_map(|at| {
+                let item = unit(at, 0..usize::MAX);
+                (0..item.len()).map(move |t| SpanHead {
+                    first: at * slot + t * (hd + 2),
+                    spans: item.pos_of(t) / ATTN_SPAN + 1,
+                    out: item.at(t),
+                })
+            })
+            .collect();
+        // Every query head belongs to one unit, so each output slice is written once.
+        merge_spans(
+            !matches!(isa, Isa::Portable),
+            &partial,
+            units * slot,
+            hd,
+            &heads,
+            out,
+        );
     });
 }
 
