@@ -1,6 +1,7 @@
 //! A diagnostic: in-process decode speed after a prompt of each length (`MTPLX_TEST_MODEL`,
 //! default model otherwise), to set beside the same lengths through the server
-//! (`tools/bench/peer_server.py`). K/V in `$MTPLX_KV_DTYPE` (f16 by default, as the server);
+//! (`tools/bench/peer_server.py`). K/V in `$MTPLX_KV_DTYPE` (f16 by default, as the server),
+//! weights as `$MTPLX_WEIGHTS` says (`native` by default);
 //! `$MTPLX_DECODE_STEPS` steps (32), more to profile the decode alone.
 //!
 //!     cargo run --release -p mtplx-model --example decode_at_context -- 500 2000 6500
@@ -15,7 +16,11 @@ fn main() {
     let path = std::env::var_os("MTPLX_TEST_MODEL")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| ModelStore::from_env().path_of(&DEFAULT_MODEL));
-    let b = Bundle::load(&path, WeightFormat::Native).expect("model");
+    // The server's `MTPLX_WEIGHTS` (`native`, `native-q8`, ...); `native` otherwise.
+    let format = std::env::var("MTPLX_WEIGHTS").map_or(WeightFormat::Native, |w| {
+        WeightFormat::parse(&w).expect("MTPLX_WEIGHTS: native, native-q8, f32 or quantized")
+    });
+    let b = Bundle::load(&path, format).expect("model");
     let m = b.model.as_ref();
     let vocab = m.dims().vocab_size as u32;
     let dtype: KvDtype = std::env::var("MTPLX_KV_DTYPE")

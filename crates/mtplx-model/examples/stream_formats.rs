@@ -1,6 +1,6 @@
 //! A diagnostic, not a result: how fast a decode step's product (one row of x, 8-bit
 //! activations where the format has them) streams each weight format from memory, on
-//! Qwen2.5-0.5B's shapes (and SmolLM2-135M's Q4_1, `f32` activations), against a plain read
+//! Qwen2.5-0.5B's shapes (and SmolLM2-135M's Q4_1, with `f32` and 8-bit activations), against a plain read
 //! of as many bytes, through the same pool (`MTPLX_THREADS`). Each format's matrices are
 //! rotated over copies past the caches.
 //!
@@ -18,7 +18,8 @@ use seeded::{activations, weights};
 
 fn main() {
     let pool = Pool::global();
-    // (what, format, rows, cols, copies): copies enough to pass the caches.
+    // (what, format, rows, cols, copies, activations): copies enough to pass the caches.
+    let (q8, f32) = (Activations::Q8, Activations::F32);
     let cases = [
         (
             "head 151936x896",
@@ -26,22 +27,26 @@ fn main() {
             151_936usize,
             896usize,
             1usize,
+            q8,
         ),
-        ("one 116736x896", QuantFormat::Q5_0, 116_736, 896, 1),
-        ("one 116736x896", QuantFormat::Q8_0, 116_736, 896, 1),
-        ("gate/up 4864x896", QuantFormat::Q8_0, 4864, 896, 24),
-        ("gate/up 4864x896", QuantFormat::Q5_0, 4864, 896, 24),
-        ("q/o 896x896", QuantFormat::Q5_0, 896, 896, 96),
-        ("down 896x4864", QuantFormat::Q4K, 896, 4864, 24),
-        ("down 896x4864", QuantFormat::Q6K, 896, 4864, 24),
-        // SmolLM2-135M's (the default file: Q4_1, `f32` activations).
-        ("s gate/up 1536x576", QuantFormat::Q4_1, 1536, 576, 60),
-        ("s q/o 576x576", QuantFormat::Q4_1, 576, 576, 60),
-        ("s down 576x1536", QuantFormat::Q4_1, 576, 1536, 30),
+        ("one 116736x896", QuantFormat::Q5_0, 116_736, 896, 1, q8),
+        ("one 116736x896", QuantFormat::Q8_0, 116_736, 896, 1, q8),
+        ("gate/up 4864x896", QuantFormat::Q8_0, 4864, 896, 24, q8),
+        ("gate/up 4864x896", QuantFormat::Q5_0, 4864, 896, 24, q8),
+        ("q/o 896x896", QuantFormat::Q5_0, 896, 896, 96, q8),
+        ("down 896x4864", QuantFormat::Q4K, 896, 4864, 24, q8),
+        ("down 896x4864", QuantFormat::Q6K, 896, 4864, 24, q8),
+        // SmolLM2-135M's (the default file: Q4_1), with each kind of activations.
+        ("s gate/up 1536x576", QuantFormat::Q4_1, 1536, 576, 60, f32),
+        ("s gate/up 1536x576", QuantFormat::Q4_1, 1536, 576, 60, q8),
+        ("s q/o 576x576", QuantFormat::Q4_1, 576, 576, 60, f32),
+        ("s q/o 576x576", QuantFormat::Q4_1, 576, 576, 60, q8),
+        ("s down 576x1536", QuantFormat::Q4_1, 576, 1536, 30, f32),
+        ("s down 576x1536", QuantFormat::Q4_1, 576, 1536, 30, q8),
     ];
     // An argument picks the formats whose name contains it (e.g. `Q5_0`, to profile one).
     let only = std::env::args().nth(1);
-    for (what, format, rows, cols, copies) in cases {
+    for (what, format, rows, cols, copies, acts) in cases {
         if only
             .as_ref()
             .is_some_and(|o| !format!("{format:?}").contains(o.as_str()))
@@ -61,9 +66,7 @@ fn main() {
                 )
                 .unwrap();
                 let bytes = q.storage_size_in_bytes();
-                // (Q4_1 has no 8-bit kernel: it keeps `f32` activations, as the default
-                // file runs; `Activations::for_format`.)
-                let m = mtplx_model::kernels::from_qtensor_with(&q, Activations::Q8).unwrap();
+                let m = mtplx_model::kernels::from_qtensor_with(&q, acts).unwrap();
                 (m, bytes)
             })
             .collect();
@@ -99,7 +102,7 @@ fn main() {
             read_best = read_best.min(t.elapsed().as_secs_f64());
         }
         println!(
-            "{what:18} {format:?} x{copies}: {:6.1} MB  product {:6.2} ms = {:5.1} GB/s   read {:5.1} GB/s   ({:.0}%)",
+            "{what:18} {format:?} {acts:?} x{copies}: {:6.1} MB  product {:6.2} ms = {:5.1} GB/s   read {:5.1} GB/s   ({:.0}%)",
             bytes as f64 / 1e6,
             best * 1e3,
             bytes as f64 / best / 1e9,

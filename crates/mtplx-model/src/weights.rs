@@ -17,7 +17,7 @@ pub enum WeightFormat {
     /// with it). The embedding is looked up from the same quantized table. The default.
     #[default]
     Native,
-    /// As [`WeightFormat::Native`], with the activations of the Q8_0, Q5_0, Q4_K and Q6_K
+    /// As [`WeightFormat::Native`], with the activations of the Q8_0, Q5_0, Q4_1, Q4_K and Q6_K
     /// products rounded to 8 bits per block and multiplied with the weights' integers
     /// exactly, as llama.cpp's CPU backend does (`mtplx_kernels::Activations::Q8`): still
     /// batch-invariant, other numbers. What [`WeightFormat::for_gguf`] picks for K-quant
@@ -58,7 +58,10 @@ impl WeightFormat {
     /// The default for a GGUF file of this `general.file_type`: [`WeightFormat::NativeQ8`]
     /// for llama.cpp's K-quant mixes (Q2_K to Q6_K: Q4_K_M and the like, whose users expect
     /// its CPU backend's arithmetic and speed), [`WeightFormat::Native`] otherwise (the
-    /// legacy formats, dense weights, no file type) keep `f32` activations.
+    /// legacy formats, dense weights, no file type) keep `f32` activations: on the default
+    /// model's Q4_1 file 8-bit activations would be faster but move its logits by up to 1.9
+    /// and change half the reference's greedy answers (`golden_smollm2.rs`), so there they
+    /// are opt-in.
     pub fn for_gguf(file_type: Option<u32>) -> Self {
         // llama.cpp's LLAMA_FTYPE_MOSTLY_Q2_K (10) … Q6_K (18), and Q2_K_S (21).
         match file_type {

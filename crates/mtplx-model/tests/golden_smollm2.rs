@@ -289,3 +289,56 @@ fn quantized_path_stays_close_to_the_reference() {
     eprintln!("quantized path: worst top-20 logit error {worst}");
     assert!(worst < 2.5, "quantized logits drift by {worst}");
 }
+
+/// `--weights native-q8` on the default file: its Q4_1 products round the activations to 8
+/// bits per block as llama.cpp's do (`Activations::Q8`), which moves logits as candle's
+/// quantized path does (above), so it is opt-in for this file ([`WeightFormat::for_gguf`]
+/// keeps Q4_1 files on `f32` activations and the reference's tokens). Held to what was
+/// measured (printed; 2026-12-08): first-step logits within 1.2 of the reference's top 20
+/// (1.9 from the `f32` activations' logits), its first token among the reference's top five
+/// on every prompt, and the reference's whole greedy continuation on 5 of the 10.
+#[test]
+fn eight_bit_activations_stay_close_to_the_reference() {
+    assert_eq!(
+        WeightFormat::for_gguf(Some(3)),
+        WeightFormat::Native,
+        "Q4_1 keeps f32"
+    );
+    let b = load(WeightFormat::NativeQ8);
+    let native = load(WeightFormat::Native);
+    // The products run on 8-bit activations: other logits than the default path's.
+    assert!(b.model.is_batch_invariant());
+    let g = golden();
+    let (mut worst, mut whole, mut moved) = (0f32, 0, 0f32);
+    for case in &g.golden.cases {
+        let mut cache = b.model.new_sequence(&CacheFactory::contiguous());
+        let out = prefill(&*b.model, &case.prompt_ids, &mut cache, 512).unwrap();
+        let logits = out.last_logits().to_vec();
+        let top5: Vec<u32> = case.first_step.top20.iter().take(5).map(|p| p.0).collect();
+        assert!(top5.contains(&argmax(&logits)), "{}: {top5:?}", case.name);
+        for &(id, want) in &case.first_step.top20 {
+            worst = worst.max((logits[id as usize] - want).abs());
+        }
+        let mut nc = native.model.new_sequence(&CacheFactory::contiguous());
+        let n = prefill(&*native.model, &case.prompt_ids, &mut nc, 512).unwrap();
+        for (a, w) in logits.iter().zip(n.last_logits()) {
+            moved = moved.max((a - w).abs());
+        }
+        let mut next = argmax(&logits);
+        let mut got = vec![next];
+        while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
+            let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
+            next = argmax(out.last_logits());
+            got.push(next);
+        }
+        whole += usize::from(got == case.generated_ids);
+    }
+    let n = g.golden.cases.len();
+    eprintln!(
+        "native-q8 on Q4_1: worst top-20 logit error {worst}, largest move from the f32 \
+         activations' logits {moved}, whole continuation {whole}/{n}"
+    );
+    assert!(moved > 0.0, "the 8-bit products ran (other logits)");
+    assert!(worst < 1.5, "logits drift by {worst}");
+    assert!(whole >= 5, "{whole} whole continuations kept");
+}

@@ -1,4 +1,4 @@
-//! `WeightFormat::NativeQ8` (8-bit activations for the Q8_0, Q5_0, Q4_K and Q6_K products)
+//! `WeightFormat::NativeQ8` (8-bit activations for the Q8_0, Q5_0, Q4_1, Q4_K and Q6_K products)
 //! on a K-quant model: the default for such files, and batch-invariant as the `f32` path
 //! is. A prompt's logits are the same bits whichever way it arrived (prefill chunks of any
 //! size, a prefix then single steps), a verify block's rows are the steps' bits, and the

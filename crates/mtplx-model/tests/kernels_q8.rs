@@ -1,4 +1,4 @@
-//! The 8-bit activation kernels (`Activations::Q8`: Q8_0, Q5_0, Q4_K, Q6_K) against their
+//! The 8-bit activation kernels (`Activations::Q8`: Q8_0, Q5_0, Q4_1, Q4_K, Q6_K) against their
 //! definition written the slow way from the GGUF bytes, as ggml's `vec_dot_*_q8_*` reads
 //! them: the activations rounded per block, the weights' integers summed exactly, one `f32`
 //! step per block. Bit for bit on every instruction set, at every row count and thread
@@ -12,9 +12,10 @@ use kernels_common::*;
 use mtplx_model::kernels::{Activations, Isa, Pool, QuantFormat, QuantMatrix};
 use proptest::prelude::*;
 
-const FORMATS: [QuantFormat; 4] = [
+const FORMATS: [QuantFormat; 5] = [
     QuantFormat::Q8_0,
     QuantFormat::Q5_0,
+    QuantFormat::Q4_1,
     QuantFormat::Q4K,
     QuantFormat::Q6K,
 ];
@@ -76,6 +77,17 @@ fn block(format: QuantFormat, blk: &[u8], q: &[i32], dx: f32, acc: f32) -> f32 {
                 s += (x0 - 16) * q[j] + (x1 - 16) * q[j + 16];
             }
             (s as f32).mul_add(f16_at(blk, 0) * dx, acc)
+        }
+        QuantFormat::Q4_1 => {
+            // ggml's vec_dot_q4_1_q8_1: Σ q x by d dx, then the mins by m Σ x (here
+            // `m dx` times the exact integer sum, not llama.cpp's f16 of `dx Σ x`).
+            let (mut s, mut sx) = (0i32, 0i32);
+            for j in 0..16 {
+                s += i32::from(blk[4 + j] & 0xF) * q[j] + i32::from(blk[4 + j] >> 4) * q[j + 16];
+                sx += q[j] + q[j + 16];
+            }
+            let acc = (s as f32).mul_add(f16_at(blk, 0) * dx, acc);
+            (sx as f32).mul_add(f16_at(blk, 2) * dx, acc)
         }
         QuantFormat::Q4K => {
             let (mut sum, mut mins) = (0i32, 0i32);
@@ -253,12 +265,7 @@ fn a_rows_bits_do_not_depend_on_the_batch() {
 #[test]
 fn other_formats_keep_f32_and_parts_must_agree() {
     let mut rng = Rng(3);
-    for format in [
-        QuantFormat::Q4_1,
-        QuantFormat::Q4_0,
-        QuantFormat::F16,
-        QuantFormat::Q5K,
-    ] {
+    for format in [QuantFormat::Q4_0, QuantFormat::F16, QuantFormat::Q5K] {
         let cols = 256;
         let bytes = random_gguf(&mut rng, format, 16, cols);
         let m =
