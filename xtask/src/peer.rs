@@ -486,10 +486,15 @@ fn tokens(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| 100 + (i * 7919) % 20_000).collect()
 }
 
-/// mtplx's own figures on the weights the server would choose for the file
-/// ([`mtplx_model::Bundle::default_format`]), in this process.
+/// mtplx's own figures on the weights the server would choose for the file: as its
+/// `MTPLX_WEIGHTS` says, else [`mtplx_model::Bundle::default_format`]; in this process.
 fn measure_mtplx(model_path: &Path, args: &PeerArgs) -> Result<(Figures, usize)> {
-    let model = Model::load(model_path, mtplx_model::Bundle::default_format(model_path)?)?;
+    let format = match std::env::var("MTPLX_WEIGHTS") {
+        Ok(w) => mtplx_model::WeightFormat::parse(&w)
+            .with_context(|| format!("MTPLX_WEIGHTS={w}: native, native-q8, f32 or quantized"))?,
+        Err(_) => mtplx_model::Bundle::default_format(model_path)?,
+    };
+    let model = Model::load(model_path, format)?;
     let shape = model.state_shape();
     let factory = args.kv_layout.factory().with_dtype(args.kv_dtype)?;
     let mut figures = Figures::default();
