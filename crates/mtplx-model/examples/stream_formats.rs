@@ -1,8 +1,8 @@
 //! A diagnostic, not a result: how fast a decode step's product (one row of x, 8-bit
 //! activations where the format has them) streams each weight format from memory, on
-//! Qwen2.5-0.5B's shapes (and SmolLM2-135M's Q4_1, with `f32` and 8-bit activations), against a plain read
-//! of as many bytes, through the same pool (`MTPLX_THREADS`). Each format's matrices are
-//! rotated over copies past the caches.
+//! Qwen2.5-0.5B's shapes (and SmolLM2-135M's Q4_1, with `f32` and with 8-bit activations),
+//! against a plain read of as many bytes, through the same pool (`MTPLX_THREADS`). Each
+//! format's matrices are rotated over copies past the caches.
 //!
 //!     cargo run --release -p mtplx-model --example stream_formats
 

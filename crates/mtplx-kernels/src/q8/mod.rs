@@ -40,8 +40,8 @@ pub enum Activations {
     #[default]
     F32,
     /// Rounded to 8 bits per block and multiplied with the weights' integers exactly (see
-    /// the [module docs](self)). Only Q8_0, Q5_0, Q4_1, Q4_K and Q6_K have such kernels; a matrix
-    /// of another format keeps [`Activations::F32`].
+    /// the [module docs](self)). Only Q8_0, Q5_0, Q4_1, Q4_K and Q6_K have such kernels; a
+    /// matrix of another format keeps [`Activations::F32`].
     Q8,
 }
 
