@@ -10,7 +10,7 @@
 //! # Matrix kernels
 //! CPU matrix kernels over weights kept in their GGUF format: `y = x Wᵀ` for `W` in Q4_0,
 //! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16 or F32, with `f32` activations; and
-//! for Q8_0, Q5_0, Q4_1, Q4_K and Q6_K also with activations rounded to 8 bits
+//! for Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K also with activations rounded to 8 bits
 //! ([`Activations::Q8`], the `q8` module: integer dot products, `vpdpbusd` on AVX-512 VNNI),
 //! a choice made when the matrix is built.
 //!

@@ -5,7 +5,7 @@
 //!   one past the caches (512 MB): the ceiling for decode;
 //! - `matvec/*` (n = 1, throughput in weight bytes: GB/s) and `prefill/*` (n = 512,
 //!   throughput in flops: "Gelem/s" = GFLOP/s) per shape and format, `mtplx_q8` the same
-//!   weights with 8-bit activations (Q8_0, Q5_0, Q4_1, Q4_K, Q6_K);
+//!   weights with 8-bit activations (Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q6_K);
 //! - `verify/*`: blocks of 1-8 rows (speculative verification) on one matrix;
 //! - `step/*`: one decode step's products (30 layers of 7 projections + the tied Q8_0 head)
 //!   over distinct weights, as a decode step streams them.

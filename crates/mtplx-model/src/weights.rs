@@ -17,11 +17,10 @@ pub enum WeightFormat {
     /// with it). The embedding is looked up from the same quantized table. The default.
     #[default]
     Native,
-    /// As [`WeightFormat::Native`], with the activations of the Q8_0, Q5_0, Q4_1, Q4_K and Q6_K
-    /// products rounded to 8 bits per block and multiplied with the weights' integers
-    /// exactly, as llama.cpp's CPU backend does (`mtplx_kernels::Activations::Q8`): still
-    /// batch-invariant, other numbers. What [`WeightFormat::for_gguf`] picks for K-quant
-    /// files.
+    /// As [`WeightFormat::Native`], with the activations of the Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and
+    /// Q6_K products rounded to 8 bits per block and multiplied with the weights' integers exactly,
+    /// as llama.cpp's CPU backend does (`mtplx_kernels::Activations::Q8`): still batch-invariant,
+    /// other numbers. What [`WeightFormat::for_gguf`] picks for K-quant files.
     NativeQ8,
     /// Dequantised to `f32` at load; products through candle's f32 GEMM. The exact path the
     /// golden tests pin token for token.

@@ -1,8 +1,8 @@
-//! `WeightFormat::NativeQ8` (8-bit activations for the Q8_0, Q5_0, Q4_1, Q4_K and Q6_K products)
-//! on a K-quant model: the default for such files, and batch-invariant as the `f32` path
-//! is. A prompt's logits are the same bits whichever way it arrived (prefill chunks of any
-//! size, a prefix then single steps), a verify block's rows are the steps' bits, and the
-//! numbers are not those of `f32` activations (the products really take the 8-bit path).
+//! `WeightFormat::NativeQ8` (8-bit activations for the Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K
+//! products) on a K-quant model: the default for such files, and batch-invariant as the `f32` path
+//! is. A prompt's logits are the same bits whichever way it arrived (prefill chunks of any size, a
+//! prefix then single steps), a verify block's rows are the steps' bits, and the numbers are not
+//! those of `f32` activations (the products really take the 8-bit path).
 //!
 //! The model is `mtplx_model::shaped`'s tiny Q4_K_M file (Q4_K, Q6_K for `attn_v`,
 //! `ffn_down` in the layers llama.cpp's rule picks, and the output), seeded random weights

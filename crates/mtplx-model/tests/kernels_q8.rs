@@ -1,9 +1,9 @@
-//! The 8-bit activation kernels (`Activations::Q8`: Q8_0, Q5_0, Q4_1, Q4_K, Q6_K) against their
-//! definition written the slow way from the GGUF bytes, as ggml's `vec_dot_*_q8_*` reads
-//! them: the activations rounded per block, the weights' integers summed exactly, one `f32`
-//! step per block. Bit for bit on every instruction set, at every row count and thread
-//! count; within the rounding's error bound of the exact product; and the packed weights
-//! dequantize to candle's (ggml's) values.
+//! The 8-bit activation kernels (`Activations::Q8`: Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q6_K) against
+//! their definition written the slow way from the GGUF bytes, as ggml's `vec_dot_*_q8_*` reads
+//! them: the activations rounded per block, the weights' integers summed exactly, one `f32` step
+//! per block. Bit for bit on every instruction set, at every row count and thread count; within the
+//! rounding's error bound of the exact product; and the packed weights dequantize to candle's
+//! (ggml's) values.
 
 mod kernels_common;
 
@@ -12,9 +12,10 @@ use kernels_common::*;
 use mtplx_model::kernels::{Activations, Isa, Pool, QuantFormat, QuantMatrix};
 use proptest::prelude::*;
 
-const FORMATS: [QuantFormat; 5] = [
+const FORMATS: [QuantFormat; 6] = [
     QuantFormat::Q8_0,
     QuantFormat::Q5_0,
+    QuantFormat::Q4_0,
     QuantFormat::Q4_1,
     QuantFormat::Q4K,
     QuantFormat::Q6K,
@@ -75,6 +76,15 @@ fn block(format: QuantFormat, blk: &[u8], q: &[i32], dx: f32, acc: f32) -> f32 {
                 let x0 = i32::from(blk[6 + j] & 0xF) | (((qh >> j) & 1) << 4) as i32;
                 let x1 = i32::from(blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as i32;
                 s += (x0 - 16) * q[j] + (x1 - 16) * q[j + 16];
+            }
+            (s as f32).mul_add(f16_at(blk, 0) * dx, acc)
+        }
+        QuantFormat::Q4_0 => {
+            // ggml's vec_dot_q4_0_q8_0: Σ (q − 8) x by d dx.
+            let mut s = 0i32;
+            for j in 0..16 {
+                let (x0, x1) = (i32::from(blk[2 + j] & 0xF), i32::from(blk[2 + j] >> 4));
+                s += (x0 - 8) * q[j] + (x1 - 8) * q[j + 16];
             }
             (s as f32).mul_add(f16_at(blk, 0) * dx, acc)
         }
@@ -265,7 +275,7 @@ fn a_rows_bits_do_not_depend_on_the_batch() {
 #[test]
 fn other_formats_keep_f32_and_parts_must_agree() {
     let mut rng = Rng(3);
-    for format in [QuantFormat::Q4_0, QuantFormat::F16, QuantFormat::Q5K] {
+    for format in [QuantFormat::Q5_1, QuantFormat::F16, QuantFormat::Q5K] {
         let cols = 256;
         let bytes = random_gguf(&mut rng, format, 16, cols);
         let m =

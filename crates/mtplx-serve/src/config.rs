@@ -23,7 +23,7 @@ pub enum Weights {
     /// Kept in the file's quantized blocks and run by mtplx's own batch-invariant kernels
     /// with `f32` activations (the default for files without K-quant tensors).
     Native,
-    /// As `native`, with the activations of Q8_0, Q5_0, Q4_1, Q4_K and Q6_K products rounded
+    /// As `native`, with the activations of Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K products rounded
     /// to 8 bits per block, as llama.cpp's CPU backend does (the default for K-quant files:
     /// Q4_K_M and the like; on a Q4_1 file, such as the default model's, opt-in: faster, and
     /// other answers than the reference's).

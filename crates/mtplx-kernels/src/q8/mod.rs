@@ -40,8 +40,8 @@ pub enum Activations {
     #[default]
     F32,
     /// Rounded to 8 bits per block and multiplied with the weights' integers exactly (see
-    /// the [module docs](self)). Only Q8_0, Q5_0, Q4_1, Q4_K and Q6_K have such kernels; a
-    /// matrix of another format keeps [`Activations::F32`].
+    /// the [module docs](self)). Only Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K have such
+    /// kernels; a matrix of another format keeps [`Activations::F32`].
     Q8,
 }
 
@@ -88,6 +88,7 @@ pub(crate) fn kernel(isa: Isa, format: QuantFormat) -> Option<Kernel8> {
             match format {
                 QuantFormat::Q8_0 => $entry::<kernel::Q8_0> as Kernel8,
                 QuantFormat::Q5_0 => $entry::<kernel::Q5_0>,
+                QuantFormat::Q4_0 => $entry::<kernel::Q4_0>,
                 QuantFormat::Q4_1 => $entry::<kernel::Q4_1>,
                 QuantFormat::Q4K => $entry::<kernel::Q4K>,
                 QuantFormat::Q6K => $entry::<kernel::Q6K>,

@@ -20,6 +20,7 @@ pub(crate) fn tile_block_bytes(format: QuantFormat) -> Option<usize> {
     Some(match format {
         QuantFormat::Q8_0 => Q8_0_BYTES,
         QuantFormat::Q5_0 => Q5_0_BYTES,
+        QuantFormat::Q4_0 => Q4_0_BYTES,
         QuantFormat::Q4_1 => Q4_1_BYTES,
         QuantFormat::Q4K => Q4K_BYTES,
         QuantFormat::Q6K => Q6K_BYTES,
@@ -36,6 +37,8 @@ pub(crate) const Q8_0_BYTES: usize = 32 + 8 * 64;
 pub(crate) const Q5_0_BYTES: usize = 32 + 8 * 8 + 4 * 64;
 pub(crate) const Q5_0_HIGH: usize = 32;
 pub(crate) const Q5_0_OPS: usize = 32 + 8 * 8;
+/// `d[16]` f16 | 4 nibble-pair operands. `w = (q − 8) d`.
+pub(crate) const Q4_0_BYTES: usize = 32 + 4 * 64;
 /// `d[16]`, `m[16]` f16 | 4 nibble-pair operands. `w = q d + m`: the file's 320 bytes a
 /// tile-block, rearranged.
 pub(crate) const Q4_1_BYTES: usize = 64 + 4 * 64;
@@ -51,6 +54,7 @@ fn q(format: QuantFormat, b: &[u8], i: usize) -> u8 {
     match format {
         QuantFormat::Q8_0 => b[2 + i],
         QuantFormat::Q5_0 => nib32(&b[6..22], i) | high_bit(&b[2..6], i) << 4,
+        QuantFormat::Q4_0 => nib32(&b[2..18], i),
         QuantFormat::Q4_1 => nib32(&b[4..20], i),
         QuantFormat::Q4K => {
             // 64-weight chunk i / 64 holds 32 bytes; low nibbles are its first 32.
@@ -118,6 +122,10 @@ pub(crate) fn pack(format: QuantFormat, src: &[&[u8]; TILE], dst: &mut [u8]) {
                 dst[Q5_0_HIGH + 8 * g..Q5_0_HIGH + 8 * g + 8].copy_from_slice(&m.to_le_bytes());
             }
         }
+        QuantFormat::Q4_0 => {
+            gather(src, 0, 2, dst, 0);
+            pack_nibbles(dst, 32, 4, w);
+        }
         QuantFormat::Q4_1 => {
             gather(src, 0, 2, dst, 0);
             gather(src, 2, 2, dst, 32);
@@ -179,6 +187,12 @@ pub(crate) fn dequantize(format: QuantFormat, t: &[u8], lane: usize, out: &mut [
                 let m = u64::from_le_bytes(t[Q5_0_HIGH + 8 * (i / 4)..][..8].try_into().unwrap());
                 let q = nib(Q5_0_OPS, i) | (((m >> at(i)) & 1) as u8) << 4;
                 *o = (f32::from(q) - 16.0) * d;
+            }
+        }
+        QuantFormat::Q4_0 => {
+            let d = f16_at(t, j);
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (f32::from(nib(32, i)) - 8.0) * d;
             }
         }
         QuantFormat::Q4_1 => {

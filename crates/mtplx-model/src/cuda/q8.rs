@@ -5,10 +5,9 @@
 //! the rounded activations are summed exactly (`dp4a`), about a tenth of the instructions a
 //! weight takes through the `f32` kernels, which dequantize each value to a float first.
 //!
-//! The CPU rounds the activations of Q8_0, Q5_0 and Q4_1 products too; here those formats (and
-//! every other) keep `f32` activations: the same numbers as the CPU's only for Q4_K and
-//! Q6_K, but batch-invariant for every format, as each part takes one path whatever the
-//! row count.
+//! The CPU rounds the activations of Q8_0, Q5_0, Q4_0 and Q4_1 products too; here those formats
+//! (and every other) keep `f32` activations: the same numbers as the CPU's only for Q4_K and Q6_K,
+//! but batch-invariant for every format, as each part takes one path whatever the row count.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
