@@ -71,6 +71,12 @@ impl<const R: usize> Rows<R> {
     unsafe fn s16(&self, r: usize, k: usize) -> i32 {
         *self.s16[r].add(k)
     }
+
+    /// Row `r`'s sum of inputs `32 k..32 k + 32`.
+    #[inline(always)]
+    unsafe fn s32(&self, r: usize, k: usize) -> i32 {
+        self.s16(r, 2 * k) + self.s16(r, 2 * k + 1)
+    }
 }
 
 /// One format's tile-block, fed to `acc`.
@@ -130,6 +136,45 @@ unsafe fn f16s<D: Dot, const C: usize>(t: &[*const u8; C], at: usize) -> [D::V; 
         a[c] = D::load_f16(t[c].add(at));
     }
     a
+}
+
+/// `s[c][r] += Σ q x` over the nibble-pair operands `pairs` of the tiles (at `at + 64 p`),
+/// against inputs `i0 + 8 p..i0 + 8 p + 8` of each row.
+#[inline(always)]
+unsafe fn nibble_pairs<D: Dot, const C: usize, const R: usize>(
+    t: &[*const u8; C],
+    at: usize,
+    pairs: Range<usize>,
+    x: &Rows<R>,
+    i0: usize,
+    s: &mut [[D::I; R]; C],
+) {
+    for p in pairs {
+        let (xa, xb) = (x.x4s(i0 + 8 * p), x.x4s(i0 + 8 * p + 4));
+        for c in 0..C {
+            let v = D::load_w(t[c].add(at + 64 * p));
+            let (w0, w1) = (D::lo4(v), D::hi4(v));
+            for r in 0..R {
+                s[c][r] = D::dot_u(D::dot_u(s[c][r], w0, xa[r]), w1, xb[r]);
+            }
+        }
+    }
+}
+
+/// `s[c][r] −= zero × Σ x` of 32-input block `b`: weights stored as `q` for `q − zero`.
+#[inline(always)]
+unsafe fn less_zero<D: Dot, const C: usize, const R: usize>(
+    s: &mut [[D::I; R]; C],
+    x: &Rows<R>,
+    b: usize,
+    zero: i32,
+) {
+    for r in 0..R {
+        let off = D::isplat(-zero * x.s32(r, b));
+        for c in 0..C {
+            s[c][r] = D::iadd(s[c][r], off);
+        }
+    }
 }
 
 pub(crate) struct Q8_0;
@@ -192,13 +237,8 @@ impl Fmt8 for Q5_0 {
                 }
             }
         }
-        // w = q − 16: subtract 16 Σ x of the block.
-        for r in 0..R {
-            let off = D::isplat(-16 * (x.s16(r, 2 * b) + x.s16(r, 2 * b + 1)));
-            for c in 0..C {
-                s[c][r] = D::iadd(s[c][r], off);
-            }
-        }
+        // w = q − 16.
+        less_zero::<D, C, R>(&mut s, x, b, 16);
         let dx: [f32; R] = std::array::from_fn(|r| x.d(r, b));
         combine::<D, C, R>(acc, &s, &f16s::<D, C>(t, 0), &dx);
     }
@@ -217,25 +257,10 @@ impl Fmt8 for Q4_0 {
         b: usize,
         acc: &mut [[D::V; R]; C],
     ) {
-        let i0 = 32 * b;
         let mut s = izeros!(D);
-        for p in 0..4 {
-            let (xa, xb) = (x.x4s(i0 + 8 * p), x.x4s(i0 + 8 * p + 4));
-            for c in 0..C {
-                let v = D::load_w(t[c].add(32 + 64 * p));
-                let (w0, w1) = (D::lo4(v), D::hi4(v));
-                for r in 0..R {
-                    s[c][r] = D::dot_u(D::dot_u(s[c][r], w0, xa[r]), w1, xb[r]);
-                }
-            }
-        }
-        // w = q − 8: subtract 8 Σ x of the block.
-        for r in 0..R {
-            let off = D::isplat(-8 * (x.s16(r, 2 * b) + x.s16(r, 2 * b + 1)));
-            for c in 0..C {
-                s[c][r] = D::iadd(s[c][r], off);
-            }
-        }
+        nibble_pairs::<D, C, R>(t, 32, 0..4, x, 32 * b, &mut s);
+        // w = q − 8.
+        less_zero::<D, C, R>(&mut s, x, b, 8);
         let dx: [f32; R] = std::array::from_fn(|r| x.d(r, b));
         combine::<D, C, R>(acc, &s, &f16s::<D, C>(t, 0), &dx);
     }
@@ -255,21 +280,10 @@ impl Fmt8 for Q4_1 {
         b: usize,
         acc: &mut [[D::V; R]; C],
     ) {
-        let i0 = 32 * b;
         let mut s = izeros!(D);
-        for p in 0..4 {
-            let (xa, xb) = (x.x4s(i0 + 8 * p), x.x4s(i0 + 8 * p + 4));
-            for c in 0..C {
-                let v = D::load_w(t[c].add(64 + 64 * p));
-                let (w0, w1) = (D::lo4(v), D::hi4(v));
-                for r in 0..R {
-                    s[c][r] = D::dot_u(D::dot_u(s[c][r], w0, xa[r]), w1, xb[r]);
-                }
-            }
-        }
+        nibble_pairs::<D, C, R>(t, 64, 0..4, x, 32 * b, &mut s);
         // Σ (d q + m) dx x = d dx Σ q x + m dx Σ x.
-        let sx: [[D::I; R]; C] =
-            [std::array::from_fn(|r| D::isplat(x.s16(r, 2 * b) + x.s16(r, 2 * b + 1))); C];
+        let sx: [[D::I; R]; C] = [std::array::from_fn(|r| D::isplat(x.s32(r, b))); C];
         let dx: [f32; R] = std::array::from_fn(|r| x.d(r, b));
         combine::<D, C, R>(acc, &s, &f16s::<D, C>(t, 0), &dx);
         combine::<D, C, R>(acc, &sx, &f16s::<D, C>(t, 32), &dx);
@@ -292,18 +306,8 @@ impl Fmt8 for Q4K {
         let mut mins = izeros!(D);
         for s in 0..8 {
             let mut dot = izeros!(D);
-            for p in 4 * s..4 * s + 4 {
-                let (xa, xb) = (x.x4s(i0 + 8 * p), x.x4s(i0 + 8 * p + 4));
-                for c in 0..C {
-                    let v = D::load_w(t[c].add(320 + 64 * p));
-                    let (w0, w1) = (D::lo4(v), D::hi4(v));
-                    for r in 0..R {
-                        dot[c][r] = D::dot_u(D::dot_u(dot[c][r], w0, xa[r]), w1, xb[r]);
-                    }
-                }
-            }
-            let k = i0 / 16 + 2 * s;
-            let bs: [i32; R] = std::array::from_fn(|r| x.s16(r, k) + x.s16(r, k + 1));
+            nibble_pairs::<D, C, R>(t, 320, 4 * s..4 * s + 4, x, i0, &mut dot);
+            let bs: [i32; R] = std::array::from_fn(|r| x.s32(r, i0 / 32 + s));
             for c in 0..C {
                 let sc = D::load_u8_i(t[c].add(64 + TILE * s));
                 let mn = D::load_u8_i(t[c].add(192 + TILE * s));
