@@ -6,7 +6,7 @@
 use mtplx_model::tokenizer::Special;
 use std::path::PathBuf;
 
-use mtplx_kv::{CacheFactory, KvDtype};
+use mtplx_kv::{CacheFactory, KvDtype, Sequence};
 use mtplx_model::chat::{ChatMessage, ChatRequest};
 use mtplx_model::sampling::argmax;
 use mtplx_model::{prefill, Bundle, Want, WeightFormat};
@@ -64,6 +64,19 @@ fn load(format: WeightFormat) -> Bundle {
     Bundle::load(&path, format).unwrap()
 }
 
+/// The greedy continuation from a prefilled `cache` whose last logits are `logits`: its
+/// argmax, then one decode step at a time until `n` tokens or a stop token.
+fn greedy(b: &Bundle, cache: &mut Sequence, logits: &[f32], n: usize) -> Vec<u32> {
+    let mut next = argmax(logits);
+    let mut got = vec![next];
+    while got.len() < n && !b.tokenizer.is_stop(next) {
+        let out = b.model.forward(&[next], cache, Want::Last).unwrap();
+        next = argmax(out.last_logits());
+        got.push(next);
+    }
+    got
+}
+
 fn golden() -> GoldenFile {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/golden/smollm2-135m-q4_1.json");
@@ -114,13 +127,7 @@ fn f32_path_matches_the_reference_token_for_token() {
             );
         }
         // Greedy continuation from that state, one decode step at a time.
-        let mut next = argmax(logits);
-        let mut got = vec![next];
-        while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-            let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
-            next = argmax(out.last_logits());
-            got.push(next);
-        }
+        let got = greedy(&b, &mut cache, logits, case.generated_ids.len());
         assert_eq!(
             got, case.generated_ids,
             "{}: greedy continuation (chunk {chunk})",
@@ -157,13 +164,7 @@ fn native_path_matches_the_f32_path_and_the_reference_tokens() {
                 worst = worst.max((a - w).abs());
             }
         }
-        let mut next = argmax(logits);
-        let mut got = vec![next];
-        while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-            let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
-            next = argmax(out.last_logits());
-            got.push(next);
-        }
+        let got = greedy(&b, &mut cache, logits, case.generated_ids.len());
         assert_eq!(
             got, case.generated_ids,
             "{}: greedy continuation",
@@ -199,13 +200,7 @@ fn sixteen_bit_kv_keeps_the_reference_tokens() {
                     worst = worst.max((a - w).abs());
                 }
             }
-            let mut next = argmax(&logits);
-            let mut got = vec![next];
-            while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-                let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
-                next = argmax(out.last_logits());
-                got.push(next);
-            }
+            let got = greedy(&b, &mut cache, &logits, case.generated_ids.len());
             assert_eq!(got, case.generated_ids, "{dtype}: {}", case.name);
         }
         eprintln!("{dtype} K/V: worst first-step logit difference from f32 K/V {worst:e}");
@@ -235,14 +230,8 @@ fn quantized_kv_stays_close_to_the_reference() {
             for (a, w) in logits.iter().zip(want.last_logits()) {
                 worst = worst.max((a - w).abs());
             }
-            let mut next = argmax(&logits);
-            first += usize::from(next == case.generated_ids[0]);
-            let mut got = vec![next];
-            while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-                let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
-                next = argmax(out.last_logits());
-                got.push(next);
-            }
+            let got = greedy(&b, &mut cache, &logits, case.generated_ids.len());
+            first += usize::from(got[0] == case.generated_ids[0]);
             whole += usize::from(got == case.generated_ids);
         }
         let n = g.golden.cases.len();
@@ -324,13 +313,7 @@ fn eight_bit_activations_stay_close_to_the_reference() {
         for (a, w) in logits.iter().zip(n.last_logits()) {
             moved = moved.max((a - w).abs());
         }
-        let mut next = argmax(&logits);
-        let mut got = vec![next];
-        while got.len() < case.generated_ids.len() && !b.tokenizer.is_stop(next) {
-            let out = b.model.forward(&[next], &mut cache, Want::Last).unwrap();
-            next = argmax(out.last_logits());
-            got.push(next);
-        }
+        let got = greedy(&b, &mut cache, &logits, case.generated_ids.len());
         whole += usize::from(got == case.generated_ids);
     }
     let n = g.golden.cases.len();
